@@ -1,0 +1,3 @@
+"""mpslaunch: launch PyTorch training on your own machine, Apple silicon first."""
+
+__version__ = "0.1.0"

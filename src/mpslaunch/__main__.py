@@ -1,0 +1,5 @@
+import sys
+
+from mpslaunch.cli import main
+
+sys.exit(main())
