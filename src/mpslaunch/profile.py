@@ -1,0 +1,283 @@
+"""Profiles: what the user wants, as plain data, loaded from and saved to YAML.
+
+A profile knows nothing about the machine. Files are read with `yaml.safe_load` semantics only
+(no object construction), checked key by key (unknown keys, wrong types and out-of-range values
+are errors that name the key, the file and the line), and written atomically so an interrupted
+write never loses the old profile.
+
+Where profiles live: `--config_file PATH`, else `$MPSLAUNCH_CONFIG_DIR`, else the platform's user
+config folder; `default.yaml` there, plus `NAME.yaml` for `--profile NAME`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mpslaunch.errors import MpslaunchError
+
+PROFILE_VERSION = 1
+MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to parse a huge file
+DEVICES = ("auto", "mps", "cuda", "cpu")
+PRECISIONS = ("no", "fp16", "bf16")
+RDZV_BACKENDS = ("static", "c10d")
+# torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
+MPS_WATERMARK_MAX = 2.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    version: int = PROFILE_VERSION
+    device: str = "auto"
+    mixed_precision: str = "no"
+    num_processes: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int = 0  # 0: pick a free port
+    rdzv_backend: str = "static"
+    max_restarts: int = 0
+    mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
+    mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
+
+    def replace(self, **changes: Any) -> "Profile":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Which Python types each key accepts (bool is not an int here, ints are accepted as floats).
+_KEY_TYPES: dict[str, tuple[type, ...]] = {
+    "version": (int,),
+    "device": (str,),
+    "mixed_precision": (str,),
+    "num_processes": (int,),
+    "num_machines": (int,),
+    "machine_rank": (int,),
+    "main_process_ip": (str, type(None)),
+    "main_process_port": (int,),
+    "rdzv_backend": (str,),
+    "max_restarts": (int,),
+    "mps_fallback": (bool,),
+    "mps_memory_cap": (float, int, type(None)),
+}
+KNOWN_KEYS = tuple(f.name for f in fields(Profile))
+assert set(_KEY_TYPES) == set(KNOWN_KEYS)
+
+
+# ---------------------------------------------------------------- checking values
+
+
+def check_value(key: str, value: Any) -> str | None:
+    """Why `value` is not allowed for `key`, or None. Shared by files, flags and the questionnaire."""
+    if not _has_type(value, _KEY_TYPES[key]):
+        wanted = " or ".join("null" if t is type(None) else t.__name__ for t in _KEY_TYPES[key])
+        return f"must be {wanted}, not {_type_name(value)} {value!r}"
+    choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS}
+    if key in choices and value not in choices[key]:
+        return f"must be one of {', '.join(choices[key])}, not {value!r}"
+    if key in ("num_processes", "num_machines") and value < 1:
+        return f"must be 1 or more, not {value}"
+    if key in ("machine_rank", "max_restarts") and value < 0:
+        return f"must be 0 or more, not {value}"
+    if key == "main_process_port" and not 0 <= value <= 65535:
+        return f"must be a TCP port from 1 to 65535, or 0 to pick a free one, not {value}"
+    if key == "mps_memory_cap" and value is not None and not 0.0 <= value <= MPS_WATERMARK_MAX:
+        return (f"must be from 0.0 (no limit) to {MPS_WATERMARK_MAX} (a multiple of the GPU's "
+                f"recommended working set; torch rejects more), not {value}")
+    if key == "version" and not 1 <= value <= PROFILE_VERSION:
+        return (f"is {value}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
+                "upgrade mpslaunch or write the profile again with `mpslaunch config`")
+    return None
+
+
+def check_profile(profile: Profile) -> str | None:
+    """Rules that tie several keys together; the reason the combination is wrong, or None."""
+    if profile.machine_rank >= profile.num_machines:
+        return (f"machine_rank {profile.machine_rank} must be below num_machines "
+                f"{profile.num_machines} (ranks count from 0)")
+    if profile.num_machines > 1 and not profile.main_process_ip:
+        return "num_machines is above 1, so main_process_ip (the address of machine 0) is needed"
+    return None
+
+
+def _has_type(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+# ---------------------------------------------------------------- reading
+
+
+def load(path: Path) -> Profile:
+    """Read and check one profile file. Every problem is an MpslaunchError naming file and line."""
+    text = _read_text(path)
+    document = _parse(text, path)
+    values = {}
+    for key_node, value_node in document.value:
+        key = key_node.value
+        where = f"{path}, line {key_node.start_mark.line + 1}"
+        if key in values:
+            raise MpslaunchError(f"{where}: {key} is set twice; keep one")
+        if key not in KNOWN_KEYS:
+            raise MpslaunchError(f"{where}: unknown key {key!r}{_suggestion(key)}; "
+                                 f"known keys: {', '.join(KNOWN_KEYS)}")
+        value = _construct(value_node, path)
+        problem = check_value(key, value)
+        if problem:
+            raise MpslaunchError(f"{where}: {key} {problem}")
+        values[key] = float(value) if key == "mps_memory_cap" and value is not None else value
+    profile = Profile(**values)
+    problem = check_profile(profile)
+    if problem:
+        raise MpslaunchError(f"{path}: {problem}")
+    return profile
+
+
+def _read_text(path: Path) -> str:
+    try:
+        if path.is_dir():
+            raise MpslaunchError(f"{path} is a folder; give the path of a profile .yaml file")
+        if path.stat().st_size > MAX_PROFILE_BYTES:
+            raise MpslaunchError(f"{path} is {path.stat().st_size:,} bytes, far too big for a "
+                                 "profile; point to the right file or make a new one with `mpslaunch config`")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MpslaunchError(f"no profile at {path}; make one with `mpslaunch config`") from None
+    except UnicodeDecodeError:
+        raise MpslaunchError(f"{path} is not a text file; a profile is YAML text") from None
+    except OSError as error:
+        raise MpslaunchError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _parse(text: str, path: Path) -> yaml.MappingNode:
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        raise MpslaunchError(f"{path}: not valid YAML: {_one_line(error)}") from None
+    if document is None:
+        raise MpslaunchError(f"{path} is empty; write it again with `mpslaunch config`")
+    if not isinstance(document, yaml.MappingNode):
+        raise MpslaunchError(f"{path}, line {document.start_mark.line + 1}: a profile is a "
+                             "mapping of keys to values (key: value), not a list or a single value")
+    for key_node, _ in document.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise MpslaunchError(f"{path}, line {key_node.start_mark.line + 1}: keys must be plain names")
+    return document
+
+
+def _construct(node: yaml.Node, path: Path) -> Any:
+    # SafeConstructor refuses tags such as !!python/object: profiles are data, never code.
+    constructor = yaml.SafeLoader("")
+    try:
+        return constructor.construct_object(node, deep=True)
+    except yaml.YAMLError as error:
+        raise MpslaunchError(f"{path}, line {node.start_mark.line + 1}: {_one_line(error)}") from None
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    problem = getattr(error, "problem", None) or str(error)
+    mark = getattr(error, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    return " ".join(f"{problem}{where}".split())
+
+
+def _suggestion(key: str) -> str:
+    close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------- writing
+
+
+def to_yaml(profile: Profile) -> str:
+    header = "# mpslaunch profile: `mpslaunch config` writes it, `mpslaunch launch` reads it.\n"
+    return header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
+
+
+def save(profile: Profile, path: Path) -> None:
+    """Write atomically: temp file in the same folder, fsync, rename. The old file survives a crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, to_yaml(profile))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    # A temp file + rename also never follows a symlink planted at `path`: rename replaces it.
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(handle, 0o666 & ~_current_umask())
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some filesystems refuse fsync on folders; the rename is still atomic
+    finally:
+        os.close(descriptor)
+
+
+# ---------------------------------------------------------------- locating
+
+
+def config_dir() -> Path:
+    override = os.environ.get("MPSLAUNCH_CONFIG_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs  # only when needed: keeps `launch --config_file` light
+
+    return Path(platformdirs.user_config_dir("mpslaunch", appauthor=False))
+
+
+def profile_path(config_file: str | None = None, profile_name: str | None = None) -> Path:
+    """Where the profile the user means lives (whether or not it exists yet)."""
+    if config_file and profile_name:
+        raise MpslaunchError("give either --config_file or --profile, not both")
+    if config_file:
+        return Path(config_file).expanduser()
+    name = profile_name or "default"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or name.endswith(".yaml"):
+        raise MpslaunchError(f"profile name {name!r} must be a plain name like 'fast' or "
+                             "'cpu-4' (letters, digits, '-', '_', '.'), without .yaml")
+    return config_dir() / f"{name}.yaml"
+
+
+def load_active(config_file: str | None = None, profile_name: str | None = None) -> tuple[Profile, Path | None]:
+    """The profile in force and its file: an explicit one must exist; a missing default means defaults."""
+    path = profile_path(config_file, profile_name)
+    if config_file or profile_name or path.exists():
+        return load(path), path
+    return Profile(), None
