@@ -26,9 +26,6 @@ from mpslaunch.bench_devices import torch_dtype
 WORKLOADS = ("matvec", "matmul", "train")
 DEFAULT_WORKLOADS = ("matvec", "matmul", "train")
 
-# What "size" means per workload, for table headers and plot axes.
-SIZE_LABEL = {"matvec": "m", "matmul": "m", "train": "batch"}
-
 IMAGE_SHAPE = (3, 32, 32)
 NUM_CLASSES = 10
 

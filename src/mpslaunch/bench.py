@@ -1,0 +1,232 @@
+"""`mpslaunch bench`: is the accelerator actually faster than the CPU, at my sizes?
+
+Measures, in this process, on cpu and every accelerator present (mps, cuda):
+  matvec  B @ a, B an m x m matrix          (--sizes, default 256 ... 8192)
+  matmul  B @ A, both m x m                 (--sizes)
+  train   one step of a small CNN           (--batch-sizes, default 32, 128, 512)
+in float32 by default (--dtype float32,bfloat16,float16).
+
+Timing is the point: warm-up calls, the device synchronized before the clock starts and before
+it stops, enough ops per sample to dwarf that overhead, several samples, median and IQR
+(see bench_timing.py). Memory is freed between sizes; a size that does not fit is reported
+as "does not fit" and the sweep goes on.
+
+Prints a table (time per op, IQR as % of the median, GFLOP/s, speedup over cpu) and, per
+workload, the crossover size below which the CPU wins. `--out DIR` writes DIR/bench.csv and
+DIR/bench.png; `--json` prints the results as JSON on stdout instead of the table. A progress
+bar runs on stderr when it is a terminal. Ctrl-C stops early and reports what was measured.
+
+Examples:
+  mpslaunch bench
+  mpslaunch bench --workload matmul --dtype float32,bfloat16 --sizes 1024,4096,16384 --out out/
+  mpslaunch bench --cpu --sizes 16,32,64 --workload matvec --json
+
+Torch is imported only when the command runs, so the CLI stays fast to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpslaunch.errors import MpslaunchError
+
+DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
+DEFAULT_BATCH_SIZES = (32, 128, 512)
+WORKLOADS = ("matvec", "matmul", "train")
+EXIT_INTERRUPTED = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workload", default="matvec,matmul,train", metavar="LIST",
+        help="comma-separated workloads: matvec, matmul, train, or all (default: all)",
+    )
+    parser.add_argument(
+        "--sizes", default=",".join(map(str, DEFAULT_SIZES)), metavar="LIST",
+        help="matrix sizes m for matvec and matmul (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), metavar="LIST",
+        help="batch sizes for the train workload (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", metavar="LIST",
+        help="comma-separated dtypes: float32, bfloat16, float16 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--devices", default=None, metavar="LIST",
+        help="comma-separated devices among cpu, mps, cuda (default: cpu and every "
+        "accelerator present)",
+    )
+    parser.add_argument("--cpu", action="store_true", help="measure the cpu only")
+    parser.add_argument(
+        "--repeats", type=int, default=7, metavar="N",
+        help="timed samples per measurement (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=2, metavar="N",
+        help="untimed calls before timing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=5.0, metavar="SECONDS",
+        help="time cap for the samples of one slow measurement; at least 3 samples are "
+        "always taken (default: %(default)s)",
+    )
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write DIR/bench.csv and DIR/bench.png")
+    parser.add_argument("--json", action="store_true",
+                        help="print results as JSON on stdout instead of the table")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    workloads: tuple[str, ...]
+    sizes: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    devices: tuple[str, ...]
+    repeats: int
+    warmup: int
+    budget: float
+
+    def sizes_for(self, workload: str) -> tuple[int, ...]:
+        return self.batch_sizes if workload == "train" else self.sizes
+
+
+def main(args: argparse.Namespace) -> int:
+    from mpslaunch import bench_report
+
+    options = parse_options(args)
+    results, interrupted = run_all(options)
+    environment = describe_environment(options.devices)
+    if args.json:
+        bench_report.write_json(results, environment, sys.stdout)
+    else:
+        print(bench_report.format_table(results, environment))
+    if args.out is not None:
+        write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
+    if interrupted:
+        print("mpslaunch bench: interrupted; the results above are partial.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def parse_options(args: argparse.Namespace) -> BenchOptions:
+    """Validate everything before the first measurement, so bad input fails in a second."""
+    from mpslaunch import bench_devices
+
+    workloads = _parse_workloads(args.workload)
+    sizes = _parse_sizes(args.sizes, "--sizes")
+    batch_sizes = _parse_sizes(args.batch_sizes, "--batch-sizes")
+    dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
+    if not dtypes:
+        raise MpslaunchError("--dtype is empty; pass e.g. --dtype float32,bfloat16.")
+    requested = _split(args.devices) if args.devices is not None else None
+    if requested is not None and not requested:
+        raise MpslaunchError("--devices is empty; pass e.g. --devices cpu,mps.")
+    devices = tuple(bench_devices.choose_devices(requested, args.cpu))
+    for device in devices:
+        for dtype in dtypes:
+            bench_devices.check_dtype_supported(device, dtype)
+    if args.repeats < 1 or args.warmup < 0 or not args.budget > 0:
+        raise MpslaunchError(
+            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds."
+        )
+    return BenchOptions(workloads, sizes, batch_sizes, dtypes, devices,
+                        args.repeats, args.warmup, args.budget)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parse_workloads(text: str) -> tuple[str, ...]:
+    names = _split(text)
+    if names == ["all"]:
+        return WORKLOADS
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown or not names:
+        raise MpslaunchError(
+            f"Unknown workload {', '.join(map(repr, unknown)) or '(empty)'} in --workload; "
+            f"choose from {', '.join(WORKLOADS)} or all."
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_sizes(text: str, flag: str) -> tuple[int, ...]:
+    parts = _split(text)
+    sizes = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise MpslaunchError(
+                f"{flag} takes positive whole numbers separated by commas "
+                f"(e.g. {flag} 256,1024,4096); {part!r} is not one."
+            )
+        sizes.append(int(part))
+    if not sizes:
+        raise MpslaunchError(f"{flag} is empty; pass e.g. {flag} 256,1024,4096.")
+    return tuple(sorted(set(sizes)))
+
+
+def measurement_plan(options: BenchOptions) -> list[tuple[str, str, int, str]]:
+    """(workload, dtype, size, device) in run order: devices side by side, sizes ascending."""
+    return [
+        (workload, dtype, size, device)
+        for workload in options.workloads
+        for dtype in options.dtypes
+        for size in options.sizes_for(workload)
+        for device in options.devices
+    ]
+
+
+def run_all(options: BenchOptions):
+    """Measure every planned point; Ctrl-C stops and returns what was measured so far."""
+    from tqdm import tqdm
+
+    from mpslaunch.bench_measure import measure
+
+    plan = measurement_plan(options)
+    results = []
+    # disable=None: no bar when stderr is not a terminal (CI logs, pipes).
+    with tqdm(plan, file=sys.stderr, disable=None, unit="run", leave=False) as bar:
+        try:
+            for workload, dtype, size, device in bar:
+                bar.set_description(f"{workload} {dtype} {size} {device}")
+                results.append(measure(workload, dtype, size, device, options))
+        except KeyboardInterrupt:
+            return results, True
+    return results, False
+
+
+def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
+    import platform
+
+    import torch
+
+    from mpslaunch import bench_devices
+
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "devices": {d: bench_devices.describe(d) for d in devices},
+        # "highest" means cuda float32 matmuls do not use TF32: the fp32 numbers are true fp32.
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def write_files(results, environment, out: Path, report_to) -> None:
+    from mpslaunch import bench_report
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise MpslaunchError(
+            f"Cannot create the --out folder {out} ({error.strerror}); pass a writable folder."
+        ) from None
+    bench_report.write_csv(results, out / "bench.csv")
+    bench_report.write_png(results, environment, out / "bench.png")
+    print(f"wrote {out / 'bench.csv'} and {out / 'bench.png'}", file=report_to)

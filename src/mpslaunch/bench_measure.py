@@ -1,0 +1,58 @@
+"""One benchmark point, made safe: memory check, allocation, timing, clean-up.
+
+A size that cannot fit is reported as "does not fit" instead of crashing the sweep: first by
+comparing the bytes the inputs need with the memory the device reports free (so a huge cpu
+size never wakes the kernel's OOM killer), then by catching the backend's out-of-memory error.
+Any other runtime error of the op (e.g. a dtype an older torch has no kernel for) is reported
+as "failed" with its first line. Device memory is freed after every point.
+"""
+
+from __future__ import annotations
+
+from mpslaunch import bench_devices, bench_workloads
+from mpslaunch.bench_report import DOES_NOT_FIT, FAILED, OK, Result
+from mpslaunch.bench_timing import time_op
+
+# Leave headroom: the allocator, the framework and the rest of the system need some too.
+USABLE_FRACTION = 0.9
+GIB = 1024**3
+
+
+def measure(workload: str, dtype: str, size: int, device: str, options) -> Result:
+    try:
+        return _measure(workload, dtype, size, device, options)
+    finally:
+        # Runs after the exception (and the frames holding the tensors) is gone.
+        bench_devices.free_memory(device)
+
+
+def _measure(workload: str, dtype: str, size: int, device: str, options) -> Result:
+    point = dict(workload=workload, dtype=dtype, device=device, size=size,
+                 flops=bench_workloads.flops(workload, size))
+    too_big = _does_not_fit_reason(workload, dtype, size, device)
+    if too_big:
+        return Result(status=DOES_NOT_FIT, note=too_big, **point)
+    try:
+        prepared = bench_workloads.prepare(workload, device, dtype, size)
+        timing = time_op(
+            prepared.op, lambda: bench_devices.synchronize(device),
+            repeats=options.repeats, warmup=options.warmup, budget_seconds=options.budget,
+        )
+    except (RuntimeError, TypeError, NotImplementedError, MemoryError) as error:
+        if bench_devices.is_out_of_memory(error):
+            return Result(status=DOES_NOT_FIT, note="out of memory", **point)
+        return Result(status=FAILED, note=_first_line(error), **point)
+    return Result(status=OK, timing=timing, **point)
+
+
+def _does_not_fit_reason(workload: str, dtype: str, size: int, device: str) -> str:
+    needed = bench_workloads.bytes_needed(workload, dtype, size)
+    available = bench_devices.free_bytes(device)
+    if needed is None or available is None or needed <= available * USABLE_FRACTION:
+        return ""
+    return f"needs {needed / GIB:.1f} GiB, {available / GIB:.1f} GiB free"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]

@@ -1,0 +1,292 @@
+"""Turning measurements into answers: the terminal table, crossovers, bench.csv, bench.png, JSON.
+
+One Result per (workload, dtype, device, size). Derived numbers:
+- GFLOP/s = FLOPs of one op / median seconds per op.
+- speedup = cpu median / accelerator median at the same workload, dtype and size (>1: the
+  accelerator is faster). Empty for cpu rows and where either side did not run.
+- crossover, per workload, dtype and accelerator: the smallest measured size from which the
+  accelerator is faster at every larger measured size too; below it the cpu wins.
+
+Does not import torch; matplotlib is imported only when a plot is written (Agg backend, no
+display needed).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from mpslaunch.bench_timing import Timing
+
+OK = "ok"
+DOES_NOT_FIT = "does not fit"
+FAILED = "failed"
+
+CSV_COLUMNS = (
+    "workload", "dtype", "device", "size", "status",
+    "median_s", "p25_s", "p75_s", "iqr_s", "samples", "inner",
+    "flops", "gflops", "speedup_vs_cpu", "note",
+)
+
+SIZE_LABEL = {"matvec": "m", "matmul": "m", "train": "batch"}
+
+
+@dataclass(frozen=True)
+class Result:
+    workload: str
+    dtype: str
+    device: str
+    size: int
+    status: str
+    flops: float
+    timing: Timing | None = None
+    note: str = ""
+
+    @property
+    def gflops(self) -> float | None:
+        if self.timing is None:
+            return None
+        return self.flops / self.timing.median_s / 1e9
+
+
+@dataclass(frozen=True)
+class Crossover:
+    workload: str
+    dtype: str
+    device: str
+    size: int | None  # first size of the accelerator's winning run; None if cpu wins at the end
+    summary: str
+
+
+# ---- derived numbers ------------------------------------------------------------------------
+
+def _key(result: Result) -> tuple[str, str, int]:
+    return result.workload, result.dtype, result.size
+
+
+def speedups(results: Iterable[Result]) -> dict[int, float]:
+    """id(result) -> cpu time / its time, for accelerator results with a cpu twin."""
+    results = list(results)
+    cpu_time = {
+        _key(r): r.timing.median_s for r in results if r.device == "cpu" and r.timing is not None
+    }
+    return {
+        id(r): cpu_time[_key(r)] / r.timing.median_s
+        for r in results
+        if r.device != "cpu" and r.timing is not None and _key(r) in cpu_time
+    }
+
+
+def crossovers(results: list[Result]) -> list[Crossover]:
+    speedup = speedups(results)
+    groups: dict[tuple[str, str, str], list[Result]] = {}
+    for r in results:
+        if id(r) in speedup:
+            groups.setdefault((r.workload, r.dtype, r.device), []).append(r)
+    return [
+        _crossover(workload, dtype, device, sorted(group, key=lambda r: r.size), speedup)
+        for (workload, dtype, device), group in groups.items()
+    ]
+
+
+def _crossover(
+    workload: str, dtype: str, device: str, group: list[Result], speedup: dict[int, float]
+) -> Crossover:
+    label = SIZE_LABEL.get(workload, "size")
+    wins = [speedup[id(r)] > 1.0 for r in group]
+    first_of_winning_run = len(wins)
+    while first_of_winning_run > 0 and wins[first_of_winning_run - 1]:
+        first_of_winning_run -= 1
+    largest = group[-1]
+    at_largest = f"{speedup[id(largest)]:.3g}x at {label}={largest.size}"
+    head = f"{workload} {dtype}, {device} vs cpu:"
+    if first_of_winning_run == len(wins):
+        return Crossover(workload, dtype, device, None,
+                         f"{head} cpu faster at the largest {label} measured ({at_largest}).")
+    size = group[first_of_winning_run].size
+    if first_of_winning_run == 0:
+        text = f"{head} {device} faster at every {label} measured ({at_largest})."
+    else:
+        text = f"{head} cpu faster below {label}={size}, {device} faster from there ({at_largest})."
+    return Crossover(workload, dtype, device, size, text)
+
+
+# ---- flat rows (CSV and JSON share them) ----------------------------------------------------
+
+def rows(results: list[Result]) -> list[dict[str, object]]:
+    speedup = speedups(results)
+    return [_row(r, speedup.get(id(r))) for r in results]
+
+
+def _row(r: Result, speedup: float | None) -> dict[str, object]:
+    t = r.timing
+    return {
+        "workload": r.workload, "dtype": r.dtype, "device": r.device, "size": r.size,
+        "status": r.status,
+        "median_s": t.median_s if t else None,
+        "p25_s": t.p25_s if t else None,
+        "p75_s": t.p75_s if t else None,
+        "iqr_s": t.iqr_s if t else None,
+        "samples": t.samples if t else None,
+        "inner": t.inner if t else None,
+        "flops": r.flops,
+        "gflops": r.gflops,
+        "speedup_vs_cpu": speedup,
+        "note": r.note,
+    }
+
+
+def write_csv(results: list[Result], path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows(results):
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def write_json(results: list[Result], environment: dict[str, object], stream: TextIO) -> None:
+    document = {
+        "environment": environment,
+        "results": rows(results),
+        "crossovers": [c.__dict__ for c in crossovers(results)],
+    }
+    json.dump(document, stream, indent=2)
+    stream.write("\n")
+
+
+# ---- terminal table -------------------------------------------------------------------------
+
+def format_seconds(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_table(results: list[Result], environment: dict[str, object]) -> str:
+    speedup = speedups(results)
+    header = ("workload", "dtype", "size", "device", "time/op", "IQR", "GFLOP/s", "speedup")
+    table = [header] + [_table_cells(r, speedup.get(id(r))) for r in results]
+    # Rows that did not run carry one status text; it must not widen the number columns.
+    full_rows = [row for row in table if len(row) == len(header)]
+    widths = [max(len(row[i]) for row in full_rows) for i in range(len(header))]
+    right_aligned = {2, 4, 5, 6, 7}
+    lines = [_environment_line(environment)]
+    for row in table:
+        cells = [c.rjust(w) if i in right_aligned else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths))]
+        if len(row) < len(header):
+            cells[-1] = row[-1]
+        lines.append("  ".join(cells).rstrip())
+    found = crossovers(results)
+    if found:
+        lines.append("")
+        lines.extend(c.summary for c in found)
+    return "\n".join(lines)
+
+
+def _table_cells(r: Result, speedup: float | None) -> tuple[str, ...]:
+    first = (r.workload, r.dtype, f"{SIZE_LABEL.get(r.workload, '')}={r.size}", r.device)
+    if r.timing is None:
+        return (*first, r.status if not r.note else f"{r.status}: {r.note}")
+    spread = f"{100 * r.timing.iqr_s / r.timing.median_s:.0f}%"
+    return (
+        *first,
+        format_seconds(r.timing.median_s),
+        spread,
+        f"{r.gflops:,.1f}",
+        f"{speedup:.3g}x" if speedup is not None else "",
+    )
+
+
+def _environment_line(environment: dict[str, object]) -> str:
+    devices = environment.get("devices", {})
+    described = "; ".join(f"{name}: {text}" for name, text in dict(devices).items())
+    return f"torch {environment.get('torch', '?')} | {described}"
+
+
+# ---- plot -----------------------------------------------------------------------------------
+
+def write_png(results: list[Result], environment: dict[str, object], path: Path) -> None:
+    """One row per workload: log-log time per op vs size, and speedup vs size."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; works with no display
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in results))
+    figure, axes = plt.subplots(
+        len(workloads), 2, figsize=(11, 3.8 * len(workloads)), squeeze=False
+    )
+    speedup = speedups(results)
+    # One color per device and dtype, the same in every panel.
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    keys = list(dict.fromkeys((r.device, r.dtype) for r in results))
+    colors = {key: palette[i % len(palette)] for i, key in enumerate(keys)}
+    for row, workload in enumerate(workloads):
+        mine = [r for r in results if r.workload == workload]
+        _plot_times(axes[row][0], workload, mine, colors)
+        _plot_speedups(axes[row][1], workload, mine, speedup, colors)
+        for ax in axes[row]:
+            _label_sizes(ax, workload, sorted({r.size for r in mine}))
+    figure.suptitle(f"mpslaunch bench | {_environment_line(environment)}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _series(results: list[Result]) -> dict[tuple[str, str], list[Result]]:
+    series: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        if r.timing is not None:
+            series.setdefault((r.device, r.dtype), []).append(r)
+    return {k: sorted(v, key=lambda r: r.size) for k, v in series.items()}
+
+
+def _label_sizes(ax, workload: str, sizes: list[int]) -> None:
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])  # the measured sizes, not powers of 2
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(SIZE_LABEL.get(workload, "size"))
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _plot_times(ax, workload: str, results: list[Result], colors: dict) -> None:
+    for (device, dtype), points in _series(results).items():
+        medians = [r.timing.median_s for r in points]
+        spread = [
+            [r.timing.median_s - r.timing.p25_s for r in points],
+            [r.timing.p75_s - r.timing.median_s for r in points],
+        ]
+        ax.errorbar([r.size for r in points], medians, yerr=spread, marker="o", capsize=3,
+                    color=colors[(device, dtype)], label=f"{device} {dtype}")
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds per op (median, IQR bars)")
+    ax.set_title(f"{workload}: time per op")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _plot_speedups(
+    ax, workload: str, results: list[Result], speedup: dict[int, float], colors: dict
+) -> None:
+    for (device, dtype), points in _series(results).items():
+        points = [r for r in points if id(r) in speedup]
+        if points:
+            ax.plot([r.size for r in points], [speedup[id(r)] for r in points], marker="o",
+                    color=colors[(device, dtype)], label=f"{device} {dtype}")
+    ax.set_title(f"{workload}: speedup over cpu")
+    if ax.get_legend_handles_labels()[0]:
+        ax.set_yscale("log")
+        ax.set_ylabel("cpu time / accelerator time")
+        ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no accelerator measured against cpu", ha="center", va="center",
+                transform=ax.transAxes)
