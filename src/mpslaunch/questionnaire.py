@@ -1,0 +1,211 @@
+"""The questions `mpslaunch config` asks: (Machine, the user's answers) -> Profile. Nothing else.
+
+What is offered comes from plan.py's own rules, never from a copy of them: devices through
+`mps_problem`/`cuda_problem`, precisions through `precision_problem`, and process or machine
+counts by asking `plan.resolve` whether it would accept them. So the questionnaire never offers
+what `mpslaunch launch` would refuse on this machine, and what it leaves out is named with
+plan.py's reason. Questions that cannot apply are not asked: no process count on mps (one
+process only), no MPS settings off a Mac, the several-machine questions only after the user
+says yes to "several machines?".
+
+The prompts use questionary, imported inside `ask_profile` only. They read and draw through the
+current prompt_toolkit app session, so tests drive them with `create_pipe_input` and
+`create_app_session`. Ctrl-C raises KeyboardInterrupt and end of input raises EOFError; this
+module writes nothing, the caller decides what an interruption means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from mpslaunch.errors import MpslaunchError
+from mpslaunch.machine import Machine
+from mpslaunch.plan import LaunchRequest, choose_device, cuda_problem, mps_problem, precision_problem, resolve
+from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile, check_value
+
+_PROBE = LaunchRequest(target="script.py")  # resolve() needs a target; the questions never run it
+DEFAULT_PORT = 29500  # torch.distributed.run's own default master port
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The answers a question offers, and the answers left out with plan.py's reason for each."""
+
+    choices: tuple[str, ...]
+    hidden: tuple[tuple[str, str], ...] = ()
+
+
+# ---------------------------------------------------------------- what this machine allows
+
+
+def device_offer(machine: Machine) -> Offer:
+    """auto and cpu always; mps and cuda only where plan.choose_device would accept them."""
+    choices, hidden = ["auto"], []
+    for device, problem in (("mps", mps_problem(machine)), ("cuda", cuda_problem(machine))):
+        if problem:
+            hidden.append((device, problem))
+        else:
+            choices.append(device)
+    return Offer((*choices, "cpu"), tuple(hidden))
+
+
+def device_in_use(device: str, machine: Machine) -> tuple[str, str]:
+    """What `device` becomes on this machine ("auto" -> mps/cuda/cpu) and plan.py's reason."""
+    return choose_device(device, _PROBE, machine)
+
+
+def precision_offer(device: str, machine: Machine) -> Offer:
+    """The mixed-precision modes plan.precision_problem accepts for the device in use."""
+    choices, hidden = [], []
+    for precision in PRECISIONS:
+        problem = precision_problem(precision, device, machine)
+        if problem:
+            hidden.append((precision, problem))
+        else:
+            choices.append(precision)
+    return Offer(tuple(choices), tuple(hidden))
+
+
+def process_counts(device: str, machine: Machine) -> tuple[int, ...]:
+    """Processes per machine that plan.resolve accepts here: 1 on mps, one per GPU on cuda,
+    up to one per core on cpu (more would only be slower)."""
+    upper = max(machine.cpu_count, len(machine.cuda_devices), 1)
+    return tuple(n for n in range(1, upper + 1) if _accepted(machine, device=device, num_processes=n))
+
+
+def several_machines_possible(device: str, machine: Machine) -> bool:
+    return _accepted(machine, device=device, num_machines=2, main_process_ip="127.0.0.1")
+
+
+def _accepted(machine: Machine, **settings) -> bool:
+    try:
+        resolve(Profile(**settings), _PROBE, machine, {})
+    except MpslaunchError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the questions
+
+
+def ask_profile(machine: Machine, start: Profile | None = None,
+                say: Callable[[str], None] = print) -> Profile:
+    """Ask what applies to `machine`; answers default to `start` (the existing profile) where
+    this machine still allows them. Raises KeyboardInterrupt (Ctrl-C) or EOFError (end of input)."""
+    import questionary  # only here: the other commands never pay for prompt_toolkit
+
+    ask = _Asker(questionary, say)
+    fresh = start is None
+    start = start or Profile()
+
+    offer = device_offer(machine)
+    device = ask.choose("Which device should training use?", offer,
+                        default=start.device,
+                        labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"})
+    used, _ = device_in_use(device, machine)
+    profile = Profile(device=device)
+
+    counts = process_counts(used, machine)
+    if len(counts) > 1:
+        what = "GPU" if used == "cuda" else "CPU"
+        # A new profile uses every GPU (one process each); on cpu one process is the safe start.
+        if not fresh and start.num_processes in counts:
+            default = start.num_processes
+        else:
+            default = counts[-1] if used == "cuda" else 1
+        profile = profile.replace(num_processes=ask.number(
+            f"How many {what} processes on this machine?", default, counts[0], counts[-1]))
+    elif used == "mps":
+        say("  one process: only one process can use a Mac's GPU (gloo and nccl cannot carry mps tensors)")
+
+    if several_machines_possible(used, machine) and ask.confirm(
+            "Will this training run across several machines?", default=start.num_machines > 1):
+        profile = _ask_machines(ask, profile, start)
+
+    precision = ask.choose("Mixed precision?", precision_offer(used, machine),
+                           default=start.mixed_precision)
+    profile = profile.replace(mixed_precision=precision)
+
+    if used == "mps":
+        profile = profile.replace(
+            mps_fallback=ask.confirm("Run operations that have no MPS kernel on the CPU "
+                                     "(PYTORCH_ENABLE_MPS_FALLBACK)?", default=start.mps_fallback),
+            mps_memory_cap=ask.memory_cap(start.mps_memory_cap))
+
+    _check_offered(profile, machine)
+    return profile
+
+
+def _ask_machines(ask: "_Asker", profile: Profile, start: Profile) -> Profile:
+    count = ask.number("How many machines?", max(start.num_machines, 2), 2, None)
+    rank = ask.number(f"This machine's rank (0 is the main machine, up to {count - 1})?",
+                      min(start.machine_rank, count - 1), 0, count - 1)
+    address = ask.text("Address of the main machine (rank 0), as the others reach it?",
+                       start.main_process_ip or "", lambda text: None if text.strip() else "give an address")
+    port = ask.number("Port on the main machine?", start.main_process_port or DEFAULT_PORT, 1, 65535)
+    backend = ask.choose("Rendezvous backend?", Offer(RDZV_BACKENDS), default=start.rdzv_backend)
+    return profile.replace(num_machines=count, machine_rank=rank, main_process_ip=address.strip(),
+                           main_process_port=port, rdzv_backend=backend)
+
+
+def _check_offered(profile: Profile, machine: Machine) -> None:
+    """The answers came from plan.py's own offers, so resolve must accept them; say so if not."""
+    problem = check_profile(profile)
+    if problem:
+        raise MpslaunchError(problem)
+    resolve(profile, _PROBE, machine, {})
+
+
+class _Asker:
+    """One place for how each kind of question looks; every answer is checked before it returns."""
+
+    def __init__(self, questionary, say: Callable[[str], None]):
+        self.q = questionary
+        self.say = say
+
+    def choose(self, message: str, offer: Offer, default: str, labels: dict[str, str] | None = None) -> str:
+        for choice, why in offer.hidden:
+            self.say(f"  {choice} not offered: {why}")
+        labels = labels or {}
+        choices = [self.q.Choice(labels.get(c, c), value=c) for c in offer.choices]
+        default = default if default in offer.choices else offer.choices[0]
+        return self.q.select(message, choices=choices, default=default).unsafe_ask()
+
+    def confirm(self, message: str, default: bool) -> bool:
+        return self.q.confirm(message, default=default).unsafe_ask()
+
+    def text(self, message: str, default: str, problem: Callable[[str], str | None]) -> str:
+        """Typed text; an empty answer takes `default` (shown in brackets, not pre-filled, so
+        typing replaces it rather than appending to it)."""
+        shown = f"{message} [{default}]" if default else message
+        answer = self.q.text(shown, validate=lambda text: problem(text or default) or True).unsafe_ask()
+        return answer or default
+
+    def number(self, message: str, default: int, low: int, high: int | None) -> int:
+        def problem(text: str) -> str | None:
+            try:
+                value = int(text.strip())
+            except ValueError:
+                return "give a whole number"
+            if value < low or (high is not None and value > high):
+                return f"give a number from {low} to {high}" if high is not None else f"give {low} or more"
+            return None
+
+        limits = f"{low}-{high}" if high is not None else f"{low} or more"
+        return int(self.text(f"{message} ({limits})", str(default), problem).strip())
+
+    def memory_cap(self, default: float | None) -> float | None:
+        def problem(text: str) -> str | None:
+            if text.strip().lower() == "none":
+                return None
+            try:
+                value = float(text)
+            except ValueError:
+                return "give a number such as 1.0, or none"
+            return check_value("mps_memory_cap", value)
+
+        answer = self.text("MPS memory cap, as a multiple of the GPU's recommended working set "
+                           "(0.0 = no limit, up to 2.0; 'none' = torch's default 1.7)?",
+                           "none" if default is None else str(default), problem).strip()
+        return None if answer.lower() == "none" else float(answer)
