@@ -8,10 +8,8 @@ Tests build `Machine` values by hand to describe computers we do not own.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -47,28 +45,21 @@ class Machine:
 
 def probe() -> Machine:
     """The Machine this process runs on. Cheap: a few file reads, sysctl only on macOS."""
-    system = platform.system()
+    system, arch = os.uname().sysname, os.uname().machine  # platform.* costs an import
     is_mac = system == "Darwin"
-    torch_version = installed_version("torch")
+    torch_facts = _torch_build_facts()
     return Machine(
         system=system,
-        arch=platform.machine(),
+        arch=arch,
         macos_version=_macos_version() if is_mac else None,
         rosetta=is_mac and _sysctl("sysctl.proc_translated") == "1",
         chip=_sysctl("machdep.cpu.brand_string") if is_mac else None,
-        torch_version=torch_version,
-        torch_cuda=_torch_cuda_build() if torch_version else None,
+        torch_version=torch_facts.get("__version__"),
+        torch_cuda=torch_facts.get("cuda"),
         cuda_devices=() if is_mac else visible_nvidia_gpus(),
         cpu_count=os.cpu_count() or 1,
         python=sys.executable,
     )
-
-
-def installed_version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
@@ -78,6 +69,8 @@ def version_tuple(text: str | None) -> tuple[int, ...]:
 
 
 def _macos_version() -> tuple[int, ...] | None:
+    import platform
+
     return version_tuple(platform.mac_ver()[0]) or None
 
 
@@ -89,18 +82,21 @@ def _sysctl(name: str) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def _torch_cuda_build() -> str | None:
-    """torch/version.py says `cuda = '13.0'` or `cuda = None`; read it as text, do not import."""
+def _torch_build_facts() -> dict[str, str]:
+    """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds.
+
+    (importlib.metadata would also do for the version, but costs ~20 ms on every launch.)
+    """
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        return None
+        return {}
     version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
     try:
         text = version_file.read_text()
     except OSError:
-        return None
-    found = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
-    return found.group(1) if found else None
+        return {}
+    found = re.findall(r"^(__version__|cuda)\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return {name: value.split("+")[0] if name == "__version__" else value for name, value in found}
 
 
 def visible_nvidia_gpus() -> tuple[str, ...]:

@@ -20,8 +20,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mpslaunch.errors import MpslaunchError
 
 PROFILE_VERSION = 1
@@ -164,11 +162,15 @@ def _read_text(path: Path) -> str:
         raise MpslaunchError(f"cannot read {path}: {error.strerror}") from None
 
 
-def _parse(text: str, path: Path) -> yaml.MappingNode:
+def _parse(text: str, path: Path) -> "yaml.MappingNode":
+    import yaml  # here, not at the top: a launch without a profile file never needs it
+
     try:
         document = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as error:
         raise MpslaunchError(f"{path}: not valid YAML: {_one_line(error)}") from None
+    except RecursionError:
+        raise MpslaunchError(f"{path}: nested far too deeply to be a profile") from None
     if document is None:
         raise MpslaunchError(f"{path} is empty; write it again with `mpslaunch config`")
     if not isinstance(document, yaml.MappingNode):
@@ -180,7 +182,9 @@ def _parse(text: str, path: Path) -> yaml.MappingNode:
     return document
 
 
-def _construct(node: yaml.Node, path: Path) -> Any:
+def _construct(node: "yaml.Node", path: Path) -> Any:
+    import yaml
+
     # SafeConstructor refuses tags such as !!python/object: profiles are data, never code.
     constructor = yaml.SafeLoader("")
     try:
@@ -189,7 +193,7 @@ def _construct(node: yaml.Node, path: Path) -> Any:
         raise MpslaunchError(f"{path}, line {node.start_mark.line + 1}: {_one_line(error)}") from None
 
 
-def _one_line(error: yaml.YAMLError) -> str:
+def _one_line(error: Exception) -> str:
     problem = getattr(error, "problem", None) or str(error)
     mark = getattr(error, "problem_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -205,6 +209,8 @@ def _suggestion(key: str) -> str:
 
 
 def to_yaml(profile: Profile) -> str:
+    import yaml
+
     header = "# mpslaunch profile: `mpslaunch config` writes it, `mpslaunch launch` reads it.\n"
     return header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
 
