@@ -171,9 +171,9 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
     speedup = speedups(results)
     header = ("workload", "dtype", "size", "device", "time/op", "IQR", "GFLOP/s", "speedup")
     table = [header] + [_table_cells(r, speedup.get(id(r))) for r in results]
-    # Rows that did not run carry one status text; it must not widen the number columns.
-    full_rows = [row for row in table if len(row) == len(header)]
-    widths = [max(len(row[i]) for row in full_rows) for i in range(len(header))]
+    # Rows that did not run end in one status text; it must not widen the number columns.
+    widths = [max(len(row[i]) for row in table if i < len(row) - 1 or len(row) == len(header))
+              for i in range(len(header))]
     right_aligned = {2, 4, 5, 6, 7}
     lines = [_environment_line(environment)]
     for row in table:

@@ -1,0 +1,307 @@
+"""Tests for `mpslaunch bench`: cpu runs with tiny sizes, timing logic, report logic, errors."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mpslaunch import bench, bench_devices, bench_measure, bench_timing
+from mpslaunch.bench_report import (
+    CSV_COLUMNS, DOES_NOT_FIT, FAILED, OK, Result, crossovers, format_table, speedups,
+)
+from mpslaunch.bench_timing import Timing
+from mpslaunch.errors import MpslaunchError
+
+TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
+        "--warmup", "1", "--budget", "0.5"]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def run_bench(argv: list[str], capsys) -> tuple[int, str]:
+    code = bench.main(parse(argv))
+    return code, capsys.readouterr().out
+
+
+# ---- end to end on cpu ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    assert bench.main(parse([*TINY, "--out", str(out)])) == 0
+    return out
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_csv_has_the_documented_columns_and_one_row_per_point(tiny_run):
+    columns, rows = read_csv(tiny_run / "bench.csv")
+    assert columns == list(CSV_COLUMNS)
+    points = {(r["workload"], r["size"]) for r in rows}
+    assert points == {("matvec", "16"), ("matvec", "32"), ("matvec", "64"),
+                      ("matmul", "16"), ("matmul", "32"), ("matmul", "64"),
+                      ("train", "2"), ("train", "4")}
+    assert {r["device"] for r in rows} == {"cpu"}
+    assert {r["dtype"] for r in rows} == {"float32"}
+
+
+def test_csv_numbers_are_positive_and_ordered(tiny_run):
+    _, rows = read_csv(tiny_run / "bench.csv")
+    for row in rows:
+        assert row["status"] == OK, row
+        p25, median, p75 = float(row["p25_s"]), float(row["median_s"]), float(row["p75_s"])
+        assert 0 < p25 <= median <= p75
+        assert float(row["flops"]) > 0 and float(row["gflops"]) > 0
+        assert int(row["samples"]) >= 3 and int(row["inner"]) >= 1
+        assert row["speedup_vs_cpu"] == ""  # no accelerator measured
+
+
+def test_png_is_a_valid_image(tiny_run):
+    from PIL import Image
+
+    path = tiny_run / "bench.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        width, height = image.size
+    assert width > 500 and height > 500
+
+
+def test_table_lists_every_point(capsys):
+    code, out = run_bench([*TINY, "--workload", "matvec", "--dtype", "fp32,bf16"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("torch ")
+    assert lines[1].split() == ["workload", "dtype", "size", "device", "time/op", "IQR",
+                                "GFLOP/s", "speedup"]
+    body = [line.split() for line in lines[2:]]
+    assert [(b[1], b[2]) for b in body] == [
+        ("float32", "m=16"), ("float32", "m=32"), ("float32", "m=64"),
+        ("bfloat16", "m=16"), ("bfloat16", "m=32"), ("bfloat16", "m=64"),
+    ]
+
+
+def test_json_output_is_machine_readable(capsys):
+    code, out = run_bench([*TINY, "--workload", "matmul", "--sizes", "16", "--json"], capsys)
+    assert code == 0
+    document = json.loads(out)
+    assert set(document) == {"environment", "results", "crossovers"}
+    assert document["environment"]["devices"].keys() == {"cpu"}
+    [row] = document["results"]
+    assert row["status"] == OK and row["median_s"] > 0 and row["gflops"] > 0
+
+
+def test_a_size_that_does_not_fit_is_reported_and_the_sweep_goes_on(tmp_path, capsys):
+    # 10^6 x 10^6 float32 is 4 TB: refused from the free-memory check, never allocated.
+    code, out = run_bench([*TINY, "--workload", "matvec", "--sizes", "16,1000000",
+                           "--out", str(tmp_path)], capsys)
+    assert code == 0
+    assert "does not fit: needs" in out
+    _, rows = read_csv(tmp_path / "bench.csv")
+    assert [(r["size"], r["status"], r["median_s"]) for r in rows][1] == (
+        "1000000", DOES_NOT_FIT, "")
+    assert rows[0]["status"] == OK
+
+
+# ---- one point: out-of-memory and other failures ---------------------------------------------
+
+OPTIONS = bench.BenchOptions(("matmul",), (16,), (2,), ("float32",), ("cpu",), 3, 1, 0.5)
+
+
+def test_out_of_memory_during_the_run_is_does_not_fit(monkeypatch):
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(bench_measure.bench_workloads, "prepare", out_of_memory)
+    result = bench_measure.measure("matmul", "float32", 16, "cpu", OPTIONS)
+    assert (result.status, result.timing) == (DOES_NOT_FIT, None)
+
+
+def test_another_runtime_error_is_reported_as_failed(monkeypatch):
+    def no_kernel(*args):
+        raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'\nmore detail')
+
+    monkeypatch.setattr(bench_measure.bench_workloads, "prepare", no_kernel)
+    result = bench_measure.measure("matmul", "float32", 16, "cpu", OPTIONS)
+    assert result.status == FAILED
+    assert result.note == "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
+
+
+@pytest.mark.parametrize("error, expected", [
+    (torch.OutOfMemoryError("CUDA out of memory"), True),
+    (RuntimeError("MPS backend out of memory (MPS allocated: 17 GB)"), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"),
+     True),
+    (MemoryError(), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+    (TypeError("out of memory"), False),
+])
+def test_out_of_memory_is_recognised_across_backends(error, expected):
+    assert bench_devices.is_out_of_memory(error) is expected
+
+
+# ---- timing: synchronize around every sample ---------------------------------------------------
+
+class AsyncDevice:
+    """A fake device: ops only queue work; synchronize runs it and advances a fake clock."""
+
+    def __init__(self, seconds_per_op: float) -> None:
+        self.now = 0.0
+        self.queued = 0.0
+        self.seconds_per_op = seconds_per_op
+
+    def op(self) -> None:
+        self.queued += self.seconds_per_op
+
+    def synchronize(self) -> None:
+        self.now += self.queued
+        self.queued = 0.0
+
+
+def test_time_op_counts_queued_work_by_synchronizing(monkeypatch):
+    device = AsyncDevice(seconds_per_op=0.002)
+    monkeypatch.setattr(bench_timing.time, "perf_counter", lambda: device.now)
+    timing = bench_timing.time_op(device.op, device.synchronize, repeats=5, warmup=2,
+                                  sample_seconds=0.02, budget_seconds=10)
+    assert timing.median_s == pytest.approx(0.002)
+    assert timing.samples == 5
+    assert timing.inner == 10  # 0.02 s per sample / 0.002 s per op
+
+
+def test_warmup_work_is_not_counted(monkeypatch):
+    device = AsyncDevice(seconds_per_op=1.0)
+    monkeypatch.setattr(bench_timing.time, "perf_counter", lambda: device.now)
+    device.op()  # work queued before timing starts must not land in the first sample
+    timing = bench_timing.time_op(device.op, device.synchronize, repeats=3, warmup=0,
+                                  sample_seconds=0.02, budget_seconds=100)
+    assert (timing.p25_s, timing.median_s, timing.p75_s) == (1.0, 1.0, 1.0)
+
+
+def test_slow_ops_take_few_samples_within_the_budget(monkeypatch):
+    device = AsyncDevice(seconds_per_op=4.0)
+    monkeypatch.setattr(bench_timing.time, "perf_counter", lambda: device.now)
+    timing = bench_timing.time_op(device.op, device.synchronize, repeats=7, warmup=1,
+                                  sample_seconds=0.02, budget_seconds=5)
+    assert (timing.inner, timing.samples) == (1, bench_timing.MIN_SAMPLES)
+
+
+# ---- report: speedup and crossover ------------------------------------------------------------
+
+def point(device: str, size: int, seconds: float, workload: str = "matvec") -> Result:
+    return Result(workload, "float32", device, size, OK, flops=2.0 * size * size,
+                  timing=Timing(seconds, seconds, seconds, 3, 1))
+
+
+def test_speedup_is_cpu_time_over_accelerator_time():
+    cpu, mps = point("cpu", 64, 3.0), point("mps", 64, 1.5)
+    assert speedups([cpu, mps]) == {id(mps): 2.0}
+
+
+def test_crossover_is_where_the_accelerator_starts_winning_for_good():
+    results = [point("cpu", 16, 1.0), point("mps", 16, 2.0),
+               point("cpu", 32, 2.0), point("mps", 32, 1.0),   # a lucky win
+               point("cpu", 64, 2.0), point("mps", 64, 3.0),
+               point("cpu", 128, 8.0), point("mps", 128, 4.0),
+               point("cpu", 256, 32.0), point("mps", 256, 4.0)]
+    [found] = crossovers(results)
+    assert (found.device, found.size) == ("mps", 128)
+    assert "cpu faster below m=128" in found.summary and "8x at m=256" in found.summary
+
+
+def test_crossover_when_one_side_always_wins():
+    always_gpu = crossovers([point("cpu", 16, 2.0), point("cuda", 16, 1.0)])
+    always_cpu = crossovers([point("cpu", 16, 1.0), point("cuda", 16, 2.0),
+                             point("cpu", 32, 1.0), point("cuda", 32, 2.0)])
+    assert always_gpu[0].size == 16 and "faster at every m" in always_gpu[0].summary
+    assert always_cpu[0].size is None and "cpu faster at the largest m" in always_cpu[0].summary
+
+
+def test_table_shows_speedup_and_status_without_widening_columns():
+    environment = {"torch": "2.x", "devices": {"cpu": "x", "cuda": "y"}}
+    measured = [point("cpu", 16, 2e-3), point("cuda", 16, 1e-3)]
+    unfit = Result("matvec", "float32", "mps", 16, DOES_NOT_FIT, 1.0, note="out of memory")
+    lines = format_table([*measured, unfit], environment).splitlines()
+    assert lines[3].split()[-1] == "2x"
+    assert lines[4].endswith("does not fit: out of memory")
+    without_unfit = format_table(measured, environment).splitlines()
+    assert lines[1:4] == without_unfit[1:4]
+
+
+# ---- devices and bad input -------------------------------------------------------------------
+
+def test_devices_default_to_cpu_plus_every_accelerator(monkeypatch):
+    monkeypatch.setattr(bench_devices, "accelerators_present", lambda: ["mps"])
+    assert bench_devices.choose_devices(None, cpu_only=False) == ["cpu", "mps"]
+    assert bench_devices.choose_devices(None, cpu_only=True) == ["cpu"]
+    assert bench_devices.choose_devices(["mps", "cpu"], cpu_only=False) == ["cpu", "mps"]
+
+
+def test_bf16_on_mps_before_macos_14_is_refused(monkeypatch):
+    monkeypatch.setattr(bench_devices, "_mps_is_macos_or_newer", lambda major, minor: False)
+    with pytest.raises(MpslaunchError, match="bfloat16 on mps needs macOS 14"):
+        bench_devices.check_dtype_supported("mps", "bfloat16")
+    bench_devices.check_dtype_supported("mps", "float16")
+    bench_devices.check_dtype_supported("cpu", "bfloat16")
+
+
+BAD_INPUT = [
+    (["--sizes", "0,16"], "--sizes takes positive whole numbers"),
+    (["--sizes", "1e3"], "--sizes takes positive whole numbers"),
+    (["--sizes", ","], "--sizes is empty"),
+    (["--batch-sizes", "-4"], "--batch-sizes takes positive whole numbers"),
+    (["--dtype", "fp8"], "Unknown dtype 'fp8'"),
+    (["--devices", "tpu"], "Unknown device 'tpu'"),
+    (["--workload", "resnet"], "Unknown workload 'resnet'"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUT)
+def test_bad_input_is_one_sentence(argv, message):
+    with pytest.raises(MpslaunchError) as raised:
+        bench.main(parse(argv))
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.skipif(bool(bench_devices.accelerators_present()), reason="needs a machine without one")
+def test_asking_for_a_missing_accelerator_is_an_error_not_a_fallback():
+    with pytest.raises(MpslaunchError, match="no usable cuda device"):
+        bench.main(parse(["--devices", "cpu,cuda"]))
+
+
+def test_cli_module_import_does_not_load_torch_or_config_only_packages():
+    # cli.py imports bench to build its parser; the launcher must stay torch-free there, and
+    # the GPU machine has no questionary/platformdirs.
+    code = ("import sys, argparse, mpslaunch.bench as b; b.add_arguments(argparse.ArgumentParser());"
+            "print(sorted(m for m in ('torch', 'questionary', 'platformdirs') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_bench_run_does_not_import_config_only_packages():
+    code = ("import sys, argparse, mpslaunch.bench as b; p = argparse.ArgumentParser();"
+            "b.add_arguments(p); b.main(p.parse_args(['--cpu', '--sizes', '8', '--workload',"
+            " 'matvec', '--repeats', '1', '--json']));"
+            "print(sorted(m for m in ('questionary', 'platformdirs') if m in sys.modules),"
+            " file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip().splitlines()[-1] == "[]"
+    json.load(io.StringIO(out.stdout))
