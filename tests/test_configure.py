@@ -1,0 +1,229 @@
+"""`mpslaunch config`: writing, --default, show, interruptions, and the CLI end to end.
+
+The questionnaire runs here through prompt_toolkit pipe input and, once, in a real terminal
+(tmux send-keys / capture-pane); that one test is skipped only when tmux is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prompt_toolkit.application import create_app_session
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+from mpslaunch import configure
+from mpslaunch import profile as profiles
+from mpslaunch.machine import Machine
+from mpslaunch.profile import Profile
+
+M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M2",
+             torch_version="2.14.1", cpu_count=8, python="/usr/bin/python3")
+LINUX_CPU = Machine(system="Linux", arch="x86_64", torch_version="2.14.1", cpu_count=4,
+                    python="/usr/bin/python3")
+EXISTING = "# hand-edited, keep me\nversion: 1\ndevice: cpu\nnum_processes: 2\n"
+
+
+def run_cli(*args: str, config_dir: Path, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(config_dir)}
+    return subprocess.run([sys.executable, "-m", "mpslaunch", *args], capture_output=True, text=True,
+                          env=env, stdin=stdin, timeout=60)
+
+
+def interactive(path: Path, machine: Machine, keys: str, close: bool = False) -> int:
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        if close:
+            pipe.close()
+        with create_app_session(input=pipe, output=DummyOutput()):
+            return configure.interactive(path, machine)
+
+
+# ---------------------------------------------------------------- interruptions write nothing
+
+
+@pytest.mark.parametrize("keys, close, code", [("\r\x03", False, 130), ("\r", True, 2)],
+                         ids=["ctrl-c", "end-of-input"])
+def test_interrupted_questions_leave_the_existing_profile_byte_for_byte(tmp_path, capsys, keys, close, code):
+    path = tmp_path / "default.yaml"
+    path.write_text(EXISTING)
+    before = path.read_bytes(), path.stat().st_mtime_ns
+    assert interactive(path, LINUX_CPU, keys, close) == code
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["default.yaml"]  # no temp file left
+    err = capsys.readouterr().err.strip()
+    assert "nothing written" in err and str(path) in err and "\n" not in err
+
+
+def test_interrupted_questions_create_no_file(tmp_path):
+    path = tmp_path / "new.yaml"
+    assert interactive(path, LINUX_CPU, "\x03") == 130
+    assert not path.exists()
+
+
+def test_answers_are_written_shown_and_loadable(tmp_path, capsys):
+    path = tmp_path / "sub" / "fast.yaml"
+    assert interactive(path, M2, "\r" "\x1b[B\r" "\r" "\r") == 0  # auto, fp16, fallback, no cap
+    assert profiles.load(path) == Profile(mixed_precision="fp16")
+    out = capsys.readouterr().out
+    assert f"Wrote {path}" in out and "mixed_precision: fp16" in out
+    assert "device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1" in out
+
+
+def test_the_existing_profile_gives_the_defaults(tmp_path):
+    path = tmp_path / "default.yaml"
+    path.write_text(EXISTING)
+    assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0  # cpu, 2 processes, one machine, no
+    assert profiles.load(path) == Profile(device="cpu", num_processes=2)
+
+
+# ---------------------------------------------------------------- --default and show
+
+
+def test_default_on_apple_silicon_means_auto_which_is_mps(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(configure.machine_probe, "probe", lambda: M2)
+    path = tmp_path / "default.yaml"
+    args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
+    assert configure.main(args) == 0
+    written = profiles.load(path)
+    assert written == Profile() and written.device == "auto"
+    assert "device auto -> mps: Apple M2" in capsys.readouterr().out
+
+
+def test_show_says_what_auto_becomes_and_what_would_be_refused(tmp_path):
+    path = tmp_path / "p.yaml"
+    profiles.save(Profile(), path)
+    text = configure.show(str(path), None, M2)
+    assert text.startswith(f"# {path}\n") and "device: auto" in text
+    assert text.endswith("on this machine: device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1; "
+                         "precision no; 1 process")
+    profiles.save(Profile(device="mps"), path)
+    assert "would refuse: the profile asks for mps" in configure.show(str(path), None, LINUX_CPU)
+
+
+# ---------------------------------------------------------------- end to end through the CLI
+
+
+def test_cli_without_a_terminal_asks_for_default_and_does_not_hang(tmp_path):
+    started = time.monotonic()
+    done = run_cli("config", config_dir=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "--default" in done.stderr
+    assert time.monotonic() - started < 30
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
+    done = run_cli("config", "--yes", "--profile", "fast", config_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert profiles.load(tmp_path / "fast.yaml") == Profile()
+    shown = run_cli("config", "show", "--profile", "fast", config_dir=tmp_path)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"# {tmp_path / 'fast.yaml'}")
+    assert "on this machine: device auto -> " in shown.stdout
+
+    target = tmp_path / "elsewhere" / "mine.yaml"
+    assert run_cli("config", "--default", "--config_file", str(target), config_dir=tmp_path).returncode == 0
+    assert profiles.load(target) == Profile()
+
+
+def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
+    done = run_cli("config", "show", config_dir=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.startswith(f"# no profile at {tmp_path / 'default.yaml'}")
+
+
+@pytest.mark.parametrize("args, words", [
+    (("config", "show", "--profile", "missing"), "no profile at"),
+    (("config", "show", "--default"), "give one of them"),
+    (("config", "--default", "--profile", "a", "--config_file", "b.yaml"), "not both"),
+    (("config", "--default", "--profile", "bad/name"), "plain name"),
+])
+def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, args, words):
+    done = run_cli(*args, config_dir=tmp_path)
+    assert done.returncode == 2 and words in done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- a real terminal
+
+
+class Tmux:
+    """One private tmux server (its own socket), killed at the end: nothing else is touched."""
+
+    def __init__(self, command: str):
+        self.socket = f"mpslaunch-test-{uuid.uuid4().hex[:8]}"
+        self.tmux("new-session", "-d", "-s", "t", "-x", "120", "-y", "50", command)
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
+                              check=True, timeout=10).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def wait_for(self, text: str, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} never appeared; the screen:\n{self.screen()}")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install -y tmux); the real-terminal test needs it")
+    sessions = []
+
+    def start(*args: str) -> Tmux:
+        command = (f"env MPSLAUNCH_CONFIG_DIR={tmp_path} {sys.executable} -m mpslaunch config "
+                   f"{' '.join(args)}; echo EXIT=$?; sleep 60")
+        sessions.append(Tmux(command))
+        return sessions[-1]
+
+    yield start
+    for session in sessions:
+        session.close()
+
+
+def test_questions_in_a_real_terminal(terminal, tmp_path):
+    screen = terminal()
+    screen.wait_for("Which device should training use?")
+    screen.keys("Up", "Enter")  # the list wraps round: cpu is always the last choice
+    if (os.cpu_count() or 1) > 1:
+        screen.wait_for("How many CPU processes")
+        screen.keys("1", "Enter")
+    screen.wait_for("several machines?")
+    screen.keys("n")
+    screen.wait_for("Mixed precision?")
+    screen.keys("Down", "Enter")  # bf16
+    text = screen.wait_for("EXIT=")
+    assert "EXIT=0" in text and "fp16 not offered" in text
+    assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16")
+
+
+def test_ctrl_c_in_a_real_terminal_keeps_the_profile(terminal, tmp_path):
+    path = tmp_path / "default.yaml"
+    path.write_text(EXISTING)
+    screen = terminal()
+    screen.wait_for("Which device should training use?")
+    screen.keys("C-c")
+    text = screen.wait_for("EXIT=")
+    assert "EXIT=130" in text and "nothing written" in text
+    assert path.read_text() == EXISTING
