@@ -91,7 +91,7 @@ def test_table_lists_every_point(capsys):
     assert lines[0].startswith("torch ")
     assert lines[1].split() == ["workload", "dtype", "size", "device", "time/op", "IQR",
                                 "GFLOP/s", "speedup"]
-    body = [line.split() for line in lines[2:]]
+    body = [line.split() for line in lines[2:8]]
     assert [(b[1], b[2]) for b in body] == [
         ("float32", "m=16"), ("float32", "m=32"), ("float32", "m=64"),
         ("bfloat16", "m=16"), ("bfloat16", "m=32"), ("bfloat16", "m=64"),
@@ -305,3 +305,28 @@ def test_bench_run_does_not_import_config_only_packages():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stderr.strip().splitlines()[-1] == "[]"
     json.load(io.StringIO(out.stdout))
+
+
+# ---- through the real CLI ----------------------------------------------------------------------
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpslaunch", "bench", *argv],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "0"], ["--devices", "tpu"],
+                                  ["--repeats", "x"]])
+def test_cli_bad_input_exits_2_with_one_line(argv):
+    done = run_cli(*argv)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
+
+
+def test_cli_cpu_run_prints_the_table(tmp_path):
+    done = run_cli("--cpu", "--sizes", "16", "--workload", "matvec", "--repeats", "2",
+                   "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "matvec    float32  m=16  cpu" in done.stdout
+    assert "cpu only" in done.stdout
+    assert (tmp_path / "bench.csv").is_file() and (tmp_path / "bench.png").is_file()

@@ -116,11 +116,15 @@ def main(args: argparse.Namespace) -> int:
 
 def parse_options(args: argparse.Namespace) -> BenchOptions:
     """Validate everything before the first measurement, so bad input fails in a second."""
-    from mpslaunch import bench_devices
-
     workloads = _parse_workloads(args.workload)
     sizes = _parse_sizes(args.sizes, "--sizes")
     batch_sizes = _parse_sizes(args.batch_sizes, "--batch-sizes")
+    if args.repeats < 1 or args.warmup < 0 or not args.budget > 0:
+        raise MpslaunchError(
+            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds."
+        )
+    from mpslaunch import bench_devices  # imports torch: only once the cheap checks passed
+
     dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
     if not dtypes:
         raise MpslaunchError("--dtype is empty; pass e.g. --dtype float32,bfloat16.")
@@ -131,10 +135,6 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
     for device in devices:
         for dtype in dtypes:
             bench_devices.check_dtype_supported(device, dtype)
-    if args.repeats < 1 or args.warmup < 0 or not args.budget > 0:
-        raise MpslaunchError(
-            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds."
-        )
     return BenchOptions(workloads, sizes, batch_sizes, dtypes, devices,
                         args.repeats, args.warmup, args.budget)
 

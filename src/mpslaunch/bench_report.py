@@ -186,6 +186,9 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
     if found:
         lines.append("")
         lines.extend(c.summary for c in found)
+    elif all(r.device == "cpu" for r in results):
+        lines.append("")
+        lines.append("cpu only: no accelerator measured, so no speedup or crossover to report.")
     return "\n".join(lines)
 
 
