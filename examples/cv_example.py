@@ -1,0 +1,781 @@
+"""Train a torchvision image classifier on a folder of images, on the device the launcher picks.
+
+    python examples/make_demo_images.py images      # real hand-written digits as JPEGs
+    mpslaunch launch examples/cv_example.py --data_dir images --image_size 64
+    python examples/cv_example.py --data_dir images --cpu          # without the launcher
+
+Data (`--data_dir`). Either layout; files ending in .jpg, .jpeg or .png, in any case:
+  * one folder of files named like the Oxford-IIIT Pet set, `Label_Name_123.jpg`: the label is
+    everything before the last `_number` (`american_bulldog_12.jpg` is an "american_bulldog");
+  * one sub-folder per class (torchvision's ImageFolder layout): `cat/001.jpg`, `dog/x.png`.
+Hidden files (macOS `._*` copies) are ignored. Files whose first bytes are not a JPEG or PNG
+header are skipped up front, with a warning; an image that still fails to decode (corrupt or
+truncated) is skipped when it comes up, counted, and named in a warning at the end of the
+epoch: it never stops training. The split is 80/20 train/eval, shuffled with `--seed`.
+
+Model (`--model`, default resnet18): any torchvision classification model name (resnet50,
+mobilenet_v3_small, ...), trained from scratch. `--pretrained` starts from torchvision's
+ImageNet weights, only if they are already in torch's cache (torch.hub.get_dir()/checkpoints):
+nothing is downloaded at run time; the error says how to fetch them once.
+
+Device, precision, processes: whatever `Accelerator()` reads from the environment, which is
+how `mpslaunch launch` passes its plan (ACCELERATE_USE_CPU, ACCELERATE_MIXED_PRECISION,
+torchrun's variables for several processes). Run directly with python, `--cpu` and
+`--mixed_precision no|fp16|bf16` are passed to Accelerator() (only when given).
+
+Speed. Workers decode with torchvision.io and augment uint8 tensors with transforms.v2
+(RandomResizedCrop, horizontal flip); batches travel as uint8 (4x less than float) and are
+normalised on the device. DataLoader workers are persistent and prefetch; `--num_workers`
+defaults to the CPUs available to this process, shared among the local processes. Memory is
+pinned only for CUDA; channels_last is used on CUDA and CPU (it slows convolutions' backward
+on MPS); cuDNN autotuning on CUDA (the training batches all have one shape: the last, smaller
+batch is dropped). Mixed precision is the launcher's choice (autocast through Accelerate).
+
+Progress: a tqdm bar on the main process with loss and images/s, the eval accuracy after each
+epoch, and at the end `metrics.json` in `--output_dir`:
+  eval_accuracy, eval_accuracy_per_epoch, epochs, global_step, train_images_per_second
+  (images trained by all processes / seconds spent in training loops, waiting for data
+  included, eval excluded; for a resumed run, only the part run now), time_to_first_step_s
+  (from the process start to the end of the first optimizer step), first_step_finished_at
+  (Unix time), device, mixed_precision, num_processes, model, image_size, batch_size (per
+  process), train_images, eval_images, skipped_images, seed.
+and the trained weights as `model.safetensors`.
+
+Checkpoints (Accelerate's save_state/load_state: model, optimizer, LR schedule, random states
+and the position in training) go to `--output_dir/checkpoints/step_<global step>`:
+`--checkpointing_steps epoch` after every epoch, `--checkpointing_steps N` every N steps.
+SIGTERM or Ctrl-C: the current step finishes, a checkpoint is saved, and the script exits with
+128 + the signal number (143 for SIGTERM, 130 for Ctrl-C; a second Ctrl-C aborts at once).
+`--resume_from_checkpoint PATH|latest` continues at the same step (mid-epoch too), and ends
+with the same weights as an uninterrupted run with the same seed: the shuffle order and every
+image's augmentation depend only on (seed, epoch, image), never on which worker or process
+loads it, and the random states are restored. `latest` with no checkpoint yet starts afresh.
+
+Bad input (a missing, empty or unmatched --data_dir, a single class, a size <= 0, an unknown
+model, a missing checkpoint) is one line on stderr, `cv_example: error: ...`, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torchvision.io import ImageReadMode, decode_image, read_file
+from torchvision.transforms import v2
+from tqdm.auto import tqdm
+
+PROG = "cv_example"
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG
+PET_NAME = re.compile(r"^(?P<label>.+)_\d+$")  # applied to the file name without suffix
+EVAL_FRACTION = 0.2
+UNREADABLE = -100  # label of an image that failed to decode; cross_entropy's ignore_index
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class InputError(Exception):
+    """Bad input from the user: reported as one line and exit code 2."""
+
+
+# ---------------------------------------------------------------- command line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise InputError(message)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def checkpointing_steps(text: str) -> str | int:
+    if text == "epoch":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'epoch' or a number of steps, got {text!r}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data_dir", required=True, type=Path,
+                        help="folder of Label_Name_123.jpg files, or of one sub-folder per class")
+    parser.add_argument("--output_dir", type=Path, default=Path("cv_example_output"),
+                        help="where metrics.json, model.safetensors and checkpoints/ go")
+    parser.add_argument("--model", default="resnet18", help="torchvision classification model")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start from torchvision's cached ImageNet weights (never downloads)")
+    parser.add_argument("--num_epochs", type=positive_int, default=3)
+    parser.add_argument("--batch_size", type=positive_int, default=64, help="per process")
+    parser.add_argument("--image_size", type=positive_int, default=224)
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak of the one-cycle schedule")
+    parser.add_argument("--num_workers", type=non_negative_int, default=None,
+                        help="DataLoader workers per process (default: CPUs / local processes)")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="fixes the split, the initial weights, the order and augmentation")
+    parser.add_argument("--checkpointing_steps", type=checkpointing_steps, default=None,
+                        help="'epoch', or save every N steps")
+    parser.add_argument("--resume_from_checkpoint", default=None,
+                        help="a checkpoint folder, or 'latest' in --output_dir/checkpoints")
+    parser.add_argument("--cpu", action="store_true", help="Accelerator(cpu=True)")
+    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=None,
+                        help="Accelerator(mixed_precision=...); default: the launcher's plan")
+    args = parser.parse_args(argv)
+    if not args.lr > 0:
+        raise InputError(f"argument --lr: must be positive, got {args.lr}")
+    return args
+
+
+# ---------------------------------------------------------------- finding the images
+
+
+def is_image_name(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+
+
+def folder_layout(subfolders: list[Path]) -> list[tuple[Path, str]]:
+    """ImageFolder layout: every image below a sub-folder belongs to the sub-folder's class."""
+    return [(path, folder.name) for folder in subfolders
+            for path in sorted(folder.rglob("*")) if is_image_name(path) and path.is_file()]
+
+
+def pet_layout(files: list[Path]) -> list[tuple[Path, str]]:
+    """Oxford-IIIT Pet naming: the label is everything before the last `_number`."""
+    matches = ((path, PET_NAME.match(path.stem)) for path in files if is_image_name(path))
+    return [(path, match["label"]) for path, match in matches if match]
+
+
+def has_image_header(path: Path) -> bool:
+    """A cheap look at the first bytes: is this a JPEG or PNG at all? (No decoding.)"""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+    except OSError:
+        return False
+    return head.startswith(IMAGE_MAGIC)
+
+
+def find_images(data_dir: Path) -> tuple[list[tuple[Path, str]], list[Path]]:
+    """(path, label) of every image in either layout, and the files skipped as non-images."""
+    make_some = f"make a demo set with: python examples/make_demo_images.py {data_dir}"
+    if not data_dir.exists():
+        raise InputError(f"--data_dir {data_dir} does not exist; {make_some}")
+    if not data_dir.is_dir():
+        raise InputError(f"--data_dir {data_dir} is not a folder")
+    entries = sorted(path for path in data_dir.iterdir() if not path.name.startswith("."))
+    if not entries:
+        raise InputError(f"--data_dir {data_dir} is empty; {make_some}")
+    samples = folder_layout([path for path in entries if path.is_dir()])
+    if not samples:
+        samples = pet_layout([path for path in entries if path.is_file()])
+    if not samples:
+        raise InputError(
+            f"no images in {data_dir} match either layout: files named Label_Name_123.jpg "
+            "(Oxford-IIIT Pet) or one sub-folder of images per class (.jpg, .jpeg, .png)")
+    readable, skipped = [], []
+    for path, label in samples:
+        if has_image_header(path):
+            readable.append((path, label))
+        else:
+            skipped.append(path)
+    classes = sorted({label for _, label in readable})
+    if len(classes) < 2:
+        found = f"only the class {classes[0]!r}" if classes else "no readable image"
+        raise InputError(f"found {found} in {data_dir}; a classifier needs at least two classes")
+    return readable, skipped
+
+
+def split_train_eval(samples: list, seed: int) -> tuple[list, list]:
+    """80/20, shuffled by the seed: the same seed always gives the same split."""
+    shuffled = samples[:]
+    random.Random(seed).shuffle(shuffled)
+    n_eval = max(1, round(len(shuffled) * EVAL_FRACTION))
+    return shuffled[n_eval:], shuffled[:n_eval]
+
+
+# ---------------------------------------------------------------- data pipeline
+
+
+@contextmanager
+def seeded_rng(seed: int):
+    """Global torch RNG seeded for one image's augmentation.
+
+    A DataLoader worker owns its RNG, so seeding it is enough; in the main process
+    (--num_workers 0) the training RNG is saved and restored around it.
+    """
+    if get_worker_info() is not None:
+        torch.manual_seed(seed)
+        yield
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+
+
+class ImageFiles(Dataset):
+    """Decodes one image file to a uint8 (3, H, W) tensor and transforms it.
+
+    Items are requested as an index (eval: no randomness) or as (index, augmentation seed)
+    (training: see EpochShuffle). Returns (image, label, index); an image that does not decode
+    comes back blank with the label UNREADABLE, so a bad file costs one sample, never the epoch.
+    """
+
+    def __init__(self, samples: list[tuple[Path, int]], transform, image_size: int):
+        self.paths = [str(path) for path, _ in samples]
+        self.labels = [label for _, label in samples]
+        self.transform = transform
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, item):
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        try:
+            image = decode_image(read_file(self.paths[index]), mode=ImageReadMode.RGB)
+        except (RuntimeError, OSError, ValueError):
+            return self.blank(), UNREADABLE, index
+        if image.dtype != torch.uint8:  # 16-bit PNG
+            image = v2.functional.to_dtype(image, torch.uint8, scale=True)
+        if seed is None:
+            return self.transform(image), self.labels[index], index
+        with seeded_rng(seed):
+            return self.transform(image), self.labels[index], index
+
+    def blank(self) -> torch.Tensor:
+        return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
+
+
+class EpochShuffle(Sampler):
+    """Yields (index, augmentation seed) pairs in a fresh order each epoch.
+
+    Both come from a generator seeded by (seed, epoch) alone, so the crops and flips an image
+    gets do not depend on which worker or process decodes it, nor on where a resumed run
+    starts: an interrupted-then-resumed run sees exactly the batches of an uninterrupted one.
+    Accelerate calls set_epoch on the samplers it finds.
+    """
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        seeds = torch.randint(2**62, (self.size,), generator=generator).tolist()
+        return iter(zip(order, seeds))
+
+
+def train_transform(image_size: int):
+    # scale >= 0.35 rather than 0.08: small data sets and small images keep their subject.
+    return v2.Compose([v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True),
+                       v2.RandomHorizontalFlip()])
+
+
+def eval_transform(image_size: int):
+    return v2.Compose([v2.Resize(round(image_size / 0.875), antialias=True),
+                       v2.CenterCrop(image_size)])
+
+
+def ignore_interrupts(_worker_id: int) -> None:
+    """Workers leave SIGINT/SIGTERM to the main process, which finishes the step and saves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def default_num_workers() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, (cpus or 1) // local_processes)
+
+
+def make_loader(dataset: Dataset, batch_size: int, num_workers: int, pin_memory: bool, *,
+                sampler: Sampler | None = None, drop_last: bool = False) -> DataLoader:
+    workers = {}
+    if num_workers > 0:
+        workers = dict(persistent_workers=True, prefetch_factor=4,
+                       worker_init_fn=ignore_interrupts)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                      num_workers=num_workers, pin_memory=pin_memory,
+                      # Its own generator: creating iterators must not draw from the
+                      # training RNG, or a resumed run would drift from an uninterrupted one.
+                      generator=torch.Generator(), **workers)
+
+
+# ---------------------------------------------------------------- model
+
+
+def cached_weights_file(weights) -> Path:
+    """Where torchvision's loader looks before downloading (load_state_dict_from_url)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(weights.url).path)
+
+
+def replace_classifier(model: torch.nn.Module, num_classes: int, name: str) -> None:
+    linears = [(path, m) for path, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    if not linears:
+        raise InputError(f"--pretrained with {name}: no nn.Linear classifier to replace; "
+                         "train it from scratch (leave out --pretrained)")
+    path, last = linears[-1]
+    model.set_submodule(path, torch.nn.Linear(last.in_features, num_classes))
+
+
+def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
+    known = torchvision.models.list_models(module=torchvision.models)
+    if name not in known:
+        raise InputError(f"unknown --model {name!r}; use a torchvision classification model, "
+                         "e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
+    if not pretrained:
+        return torchvision.models.get_model(name, num_classes=num_classes)
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    cached = cached_weights_file(weights)
+    if not cached.is_file():
+        raise InputError(
+            f"--pretrained: torchvision's {name} weights are not cached ({cached} is missing) "
+            "and nothing is downloaded at run time; fetch them once with: python -c "
+            f"\"import torchvision; torchvision.models.get_model('{name}', weights='DEFAULT')\"")
+    model = torchvision.models.get_model(name, weights=weights)
+    replace_classifier(model, num_classes, name)
+    return model
+
+
+def memory_format_for(device: torch.device) -> torch.memory_format:
+    # channels_last speeds convolutions up with cuDNN and oneDNN; on MPS its backward is slow.
+    return torch.contiguous_format if device.type == "mps" else torch.channels_last
+
+
+class Normalizer:
+    """uint8 batch on the device -> normalised float batch in the model's memory format."""
+
+    def __init__(self, device: torch.device, memory_format: torch.memory_format):
+        shape = (1, 3, 1, 1)
+        self.mean = torch.tensor(IMAGENET_MEAN, device=device).mul(255).view(shape)
+        self.std = torch.tensor(IMAGENET_STD, device=device).mul(255).view(shape)
+        self.memory_format = memory_format
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.contiguous(memory_format=self.memory_format)
+        return images.float().sub_(self.mean).div_(self.std)
+
+
+def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
+    """One optimizer step; returns the loss, still on the device (reading it would sync)."""
+    logits = model(normalize(images))
+    # Sum over readable images / their count: a batch of only unreadable ones gives 0, not NaN.
+    readable = (labels != UNREADABLE).sum().clamp_min(1)
+    loss = F.cross_entropy(logits, labels, ignore_index=UNREADABLE, reduction="sum") / readable
+    accelerator.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, normalize, loader) -> tuple[float, torch.Tensor]:
+    """Accuracy over the readable eval images, and the indices of the unreadable ones."""
+    model.eval()
+    correct = torch.zeros((), device=accelerator.device, dtype=torch.long)
+    total = torch.zeros_like(correct)
+    unreadable = []  # per batch: the index of each unreadable image, -1 for the others
+    for images, labels, indices in loader:
+        predictions = model(normalize(images)).argmax(dim=1)
+        predictions, labels, indices = accelerator.gather_for_metrics(
+            (predictions, labels, indices))
+        readable = labels != UNREADABLE
+        correct += (predictions.eq(labels) & readable).sum()
+        total += readable.sum()
+        unreadable.append(torch.where(readable, -1, indices))
+    model.train()
+    unreadable = torch.cat(unreadable)
+    return correct.item() / max(1, total.item()), unreadable[unreadable >= 0]
+
+
+# ---------------------------------------------------------------- checkpoints and signals
+
+
+class TrainingPosition:
+    """Where training is; saved with each checkpoint (Accelerate's register_for_checkpointing)."""
+
+    def __init__(self):
+        self.epoch = 0            # epochs completed
+        self.step_in_epoch = 0    # optimizer steps done in the current epoch
+        self.global_step = 0
+        self.eval_accuracies: list[float] = []
+
+    def state_dict(self) -> dict:
+        return dict(epoch=self.epoch, step_in_epoch=self.step_in_epoch,
+                    global_step=self.global_step, eval_accuracies=list(self.eval_accuracies))
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.global_step, self.eval_accuracies = state["global_step"], state["eval_accuracies"]
+
+
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(output_dir: Path, global_step: int) -> Path:
+    return output_dir / "checkpoints" / f"step_{global_step:08d}"
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    folder = output_dir / "checkpoints"
+    found = [p for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name)] if folder.is_dir() else []
+    return max(found, key=lambda p: int(CHECKPOINT_NAME.match(p.name)[1]), default=None)
+
+
+def checkpoint_to_resume(args) -> Path | None:
+    if args.resume_from_checkpoint is None:
+        return None
+    if args.resume_from_checkpoint == "latest":
+        return latest_checkpoint(args.output_dir)
+    path = Path(args.resume_from_checkpoint)
+    if not path.is_dir():
+        raise InputError(f"--resume_from_checkpoint {path}: no such checkpoint folder")
+    return path
+
+
+def save_checkpoint(accelerator, output_dir: Path, global_step: int) -> Path:
+    """save_state into step_N.partial, then rename: a killed save never looks complete."""
+    final = checkpoint_dir(output_dir, global_step)
+    if final.exists():  # e.g. the step checkpoint was just written and then a signal came
+        return final
+    partial = final.with_name(final.name + ".partial")
+    accelerator.save_state(str(partial))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        partial.rename(final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag; the training loop finishes its step, saves and exits."""
+
+    def __init__(self):
+        self.signal_number: int | None = None
+
+    def install(self) -> None:
+        for signal_number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signal_number, self._handle)
+
+    def _handle(self, signal_number, _frame) -> None:
+        if self.signal_number == signal.SIGINT and signal_number == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal_number = signal_number
+
+    def agreed(self, accelerator) -> bool:
+        """Whether to stop now; with several processes, all of them stop at the same step."""
+        if accelerator.num_processes == 1:
+            return self.signal_number is not None
+        if self.signal_number is not None:
+            accelerator.set_trigger()
+        return accelerator.check_trigger()
+
+    def exit_code(self) -> int:
+        return 128 + (self.signal_number or signal.SIGTERM)
+
+
+# ---------------------------------------------------------------- training
+
+
+def make_accelerator(args) -> Accelerator:
+    options = {}
+    if args.cpu:
+        options["cpu"] = True
+    if args.mixed_precision is not None:
+        options["mixed_precision"] = args.mixed_precision
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(), **options)
+    # Asynchronous host->device copies pay off from pinned memory, which only CUDA uses.
+    accelerator.dataloader_config.non_blocking = accelerator.device.type == "cuda"
+    return accelerator
+
+
+def warn(accelerator, message: str) -> None:
+    if accelerator is None or accelerator.is_main_process:
+        tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def describe_paths(paths: list) -> str:
+    names = ", ".join(str(p) for p in paths[:3])
+    return names + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+class Trainer:
+    """Holds what the training loop needs; one method per phase."""
+
+    def __init__(self, args, accelerator, samples, skipped_files):
+        self.args, self.accelerator = args, accelerator
+        self.device = accelerator.device
+        classes = sorted({label for _, label in samples})
+        class_index = {label: i for i, label in enumerate(classes)}
+        train, evals = split_train_eval([(p, class_index[label]) for p, label in samples],
+                                        args.seed)
+        self.skipped_files = list(skipped_files)
+        self.undecodable_files: set[str] = set()
+        self.num_classes = len(classes)
+        workers = args.num_workers if args.num_workers is not None else default_num_workers()
+        pin = self.device.type == "cuda"
+        self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size)
+        self.eval_set = ImageFiles(evals, eval_transform(args.image_size), args.image_size)
+        self.sampler = EpochShuffle(len(self.train_set), args.seed)
+        train_loader = make_loader(self.train_set, args.batch_size, workers, pin,
+                                   sampler=self.sampler, drop_last=True)
+        # drop_last keeps every training batch one shape (cuDNN autotunes once); so a
+        # training set smaller than one batch per process would train on nothing.
+        if len(train_loader) < accelerator.num_processes:
+            raise InputError(f"--batch_size {args.batch_size} x {accelerator.num_processes} "
+                             f"process(es) is more than the {len(self.train_set)} training "
+                             "images; use a smaller --batch_size or more images")
+        eval_loader = make_loader(self.eval_set, args.batch_size, workers, pin)
+        set_seed(args.seed)
+        model = build_model(args.model, self.num_classes, args.pretrained)
+        self.memory_format = memory_format_for(self.device)
+        model = model.to(memory_format=self.memory_format)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr / 25)
+        # Counted in global steps before prepare(); Accelerate steps the schedule once per
+        # process at each step, so it ends on time with any number of processes.
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=args.lr, total_steps=args.num_epochs * len(train_loader))
+        (self.model, self.optimizer, self.scheduler, self.train_loader,
+         self.eval_loader) = accelerator.prepare(model, optimizer, scheduler, train_loader,
+                                                 eval_loader)
+        self.normalize = Normalizer(self.device, self.memory_format)
+        self.position = TrainingPosition()
+        accelerator.register_for_checkpointing(self.position)
+        self.stop = StopRequest()
+        self.train_seconds = 0.0
+        self.images_trained = 0
+        self.first_step_finished_at: float | None = None
+
+    # -- phases
+
+    def resume(self) -> None:
+        checkpoint = checkpoint_to_resume(self.args)
+        if checkpoint is None:
+            if self.args.resume_from_checkpoint == "latest":
+                warn(self.accelerator, f"no checkpoint in {self.args.output_dir / 'checkpoints'}"
+                     "; starting from the beginning")
+            return
+        try:
+            self.accelerator.load_state(str(checkpoint))
+        except (RuntimeError, ValueError, KeyError, FileNotFoundError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise InputError(f"cannot resume from {checkpoint}: it does not match this run "
+                             f"(model, classes or options): {first_line}") from None
+        self.accelerator.print(f"{PROG}: resumed from {checkpoint} at epoch "
+                               f"{self.position.epoch + 1}, step {self.position.global_step}")
+
+    def run(self) -> int:
+        """Train all epochs; returns the exit code (0, or 128+N after a stop signal)."""
+        self.stop.install()
+        self.announce()
+        for epoch in range(self.position.epoch, self.args.num_epochs):
+            if not self.train_one_epoch(epoch):
+                return self.save_and_stop()
+            self.position.epoch, self.position.step_in_epoch = epoch + 1, 0
+            self.evaluate_epoch(epoch)
+            if self.args.checkpointing_steps == "epoch":
+                save_checkpoint(self.accelerator, self.args.output_dir, self.position.global_step)
+            if self.stop.agreed(self.accelerator):
+                return self.save_and_stop()
+        self.finish()
+        return 0
+
+    def announce(self) -> None:
+        a = self.accelerator
+        a.print(f"{PROG}: {len(self.train_set)} train / {len(self.eval_set)} eval images, "
+                f"{self.num_classes} classes; {self.args.model} on {self.device.type} "
+                f"(mixed precision {a.mixed_precision}, {a.num_processes} process(es), "
+                f"batch {self.args.batch_size} per process)")
+        if self.skipped_files:
+            warn(a, f"skipped {len(self.skipped_files)} file(s) that are not JPEG or PNG images: "
+                    f"{describe_paths(self.skipped_files)}")
+
+    def train_one_epoch(self, epoch: int) -> bool:
+        """False when a stop signal came (the position then points after the last step done)."""
+        a, args = self.accelerator, self.args
+        self.sampler.set_epoch(epoch)
+        self.train_loader.set_epoch(epoch)
+        steps = len(self.train_loader)
+        loader = self.train_loader
+        if self.position.step_in_epoch:
+            loader = a.skip_first_batches(self.train_loader, self.position.step_in_epoch)
+        bar = tqdm(total=steps, initial=self.position.step_in_epoch, disable=not a.is_main_process,
+                   desc=f"epoch {epoch + 1}/{args.num_epochs}", unit="step", dynamic_ncols=True)
+        unreadable = torch.zeros(len(self.train_set), dtype=torch.bool, device=self.device)
+        started, images, loss, shown_at = time.perf_counter(), 0, None, 0.0
+        stopped = False
+        for batch_images, labels, indices in loader:
+            loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
+                              batch_images, labels)
+            unreadable[indices] = labels == UNREADABLE  # no host sync
+            images += batch_images.shape[0] * a.num_processes
+            self.position.step_in_epoch += 1
+            self.position.global_step += 1
+            if self.first_step_finished_at is None:
+                loss.item()  # wait for the device, so the time is honest
+                self.first_step_finished_at = time.time()
+            bar.update(1)
+            if time.perf_counter() - shown_at > 1.0:  # reading the loss syncs: not every step
+                shown_at = time.perf_counter()
+                bar.set_postfix(loss=f"{loss.item():.3f}",
+                                img_s=f"{images / (shown_at - started):,.0f}")
+            if self.step_checkpoint_due():
+                save_checkpoint(a, args.output_dir, self.position.global_step)
+            if self.stop.agreed(a):
+                stopped = True
+                break
+        if loss is not None:
+            loss.item()
+        self.train_seconds += time.perf_counter() - started
+        self.images_trained += images
+        bar.close()
+        self.report_unreadable(self.train_set, unreadable, "training")
+        return not stopped
+
+    def step_checkpoint_due(self) -> bool:
+        every = self.args.checkpointing_steps
+        return isinstance(every, int) and self.position.global_step % every == 0
+
+    def evaluate_epoch(self, epoch: int) -> None:
+        accuracy, unreadable = evaluate(self.accelerator, self.model, self.normalize,
+                                        self.eval_loader)
+        self.position.eval_accuracies.append(accuracy)
+        if len(unreadable):
+            self.warn_unreadable(self.eval_set, unreadable.tolist(), "eval")
+        rate = self.images_trained / max(self.train_seconds, 1e-9)
+        self.accelerator.print(f"{PROG}: epoch {epoch + 1}: eval accuracy {accuracy:.4f} "
+                               f"(training {rate:,.0f} images/s so far)")
+
+    def report_unreadable(self, dataset, unreadable: torch.Tensor, where: str) -> None:
+        unreadable = self.accelerator.reduce(unreadable.int(), reduction="sum")
+        indices = unreadable.nonzero().flatten().tolist()
+        if indices:
+            self.warn_unreadable(dataset, indices, where)
+
+    def warn_unreadable(self, dataset, indices: list[int], where: str) -> None:
+        paths = [dataset.paths[i] for i in sorted(set(indices))]
+        self.undecodable_files.update(paths)
+        warn(self.accelerator, f"skipped {len(paths)} {where} image(s) that could not be decoded "
+                               f"(corrupt or truncated): {describe_paths(paths)}")
+
+    def save_and_stop(self) -> int:
+        checkpoint = save_checkpoint(self.accelerator, self.args.output_dir,
+                                     self.position.global_step)
+        self.accelerator.print(f"{PROG}: stopped at step {self.position.global_step} by a signal; "
+                               f"checkpoint saved to {checkpoint}; continue with "
+                               "--resume_from_checkpoint latest")
+        self.accelerator.end_training()
+        return self.stop.exit_code()
+
+    def finish(self) -> None:
+        a = self.accelerator
+        a.wait_for_everyone()
+        a.save_model(self.model, str(self.args.output_dir))
+        if a.is_main_process:
+            metrics = self.metrics()
+            (self.args.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}, "
+                    f"{metrics['train_images_per_second']:,.0f} training images/s; "
+                    f"wrote {self.args.output_dir / 'metrics.json'}")
+        a.end_training()
+
+    def metrics(self) -> dict:
+        a, args, position = self.accelerator, self.args, self.position
+        started = process_start_time()
+        first = self.first_step_finished_at
+        return {
+            "eval_accuracy": position.eval_accuracies[-1] if position.eval_accuracies else None,
+            "eval_accuracy_per_epoch": position.eval_accuracies,
+            "epochs": position.epoch,
+            "global_step": position.global_step,
+            "train_images_per_second": self.images_trained / self.train_seconds
+            if self.train_seconds else None,
+            "time_to_first_step_s": first - started if first and started else None,
+            "first_step_finished_at": first,
+            "device": self.device.type,
+            "mixed_precision": a.mixed_precision,
+            "num_processes": a.num_processes,
+            "model": args.model,
+            "image_size": args.image_size,
+            "batch_size": args.batch_size,
+            "train_images": len(self.train_set),
+            "eval_images": len(self.eval_set),
+            "skipped_images": len(self.skipped_files) + len(self.undecodable_files),
+            "seed": args.seed,
+        }
+
+
+def process_start_time() -> float | None:
+    try:
+        import psutil  # an Accelerate dependency
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - the metric is optional
+        return None
+
+
+def is_main_rank() -> bool:
+    """Before Accelerator() exists: torchrun's RANK, so only one process reports input errors."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        samples, skipped = find_images(args.data_dir)
+        accelerator = make_accelerator(args)
+        if accelerator.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+        trainer = Trainer(args, accelerator, samples, skipped)
+        trainer.resume()
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        return trainer.run()
+    except InputError as error:
+        if is_main_rank():
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C
+        print(f"{PROG}: aborted without a checkpoint", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
