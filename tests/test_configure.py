@@ -85,6 +85,14 @@ def test_the_existing_profile_gives_the_defaults(tmp_path):
     assert profiles.load(path) == Profile(device="cpu", num_processes=2)
 
 
+def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
+    path = tmp_path / "default.yaml"
+    path.write_text("devise: mps\n")
+    assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0
+    assert "cannot be used as a starting point" in capsys.readouterr().out
+    assert profiles.load(path) == Profile()
+
+
 # ---------------------------------------------------------------- --default and show
 
 
@@ -145,6 +153,7 @@ def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
     (("config", "show", "--default"), "give one of them"),
     (("config", "--default", "--profile", "a", "--config_file", "b.yaml"), "not both"),
     (("config", "--default", "--profile", "bad/name"), "plain name"),
+    (("config", "--default", "--config_file", "."), "is a folder"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, args, words):
     done = run_cli(*args, config_dir=tmp_path)

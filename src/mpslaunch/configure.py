@@ -13,8 +13,9 @@ anything is left out. The default profile says `device: auto`, which picks mps o
 then cuda, then cpu; `config show` prints what auto becomes here.
 
 The questions need a terminal: with stdin not a terminal (CI, a pipe) `mpslaunch config` stops
-at once and asks for --default. Ctrl-C during the questions exits 130, end of input (Ctrl-D)
-exits 2; either way nothing is written and an existing profile stays as it was. The profile is
+at once and asks for --default. Ctrl-C during the questions exits 130; end of input (Ctrl-D at
+a typed answer, or closed input) exits 2. Either way nothing is written and an existing profile
+stays as it was, byte for byte. The profile is
 written atomically (temp file, fsync, rename).
 """
 
@@ -52,6 +53,8 @@ def main(args: argparse.Namespace) -> int:
         print(show(args.config_file, args.profile, machine_probe.probe()))
         return 0
     path = profiles.profile_path(args.config_file, args.profile)
+    if path.is_dir():  # say so before any question is asked, not after
+        raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if args.default:
         return write(Profile(), path, machine_probe.probe())
     if not sys.stdin.isatty():
