@@ -22,7 +22,6 @@ import os
 import platform
 import re
 import subprocess
-import sys
 from typing import Any
 
 from mpslaunch import __version__
