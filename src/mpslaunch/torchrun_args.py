@@ -1,0 +1,134 @@
+"""From a LaunchPlan to torch.distributed.run's arguments and each rank's environment. Pure.
+
+No torch import and no side effect here, so `--dry-run` is fast and tests can check the
+arguments for any number of machines without starting anything.
+
+One machine: a static rendezvous on 127.0.0.1 (the profile's rdzv_backend does not matter when
+there is nobody to meet); port 0 means a free port, picked when the run starts. Several machines:
+`static` maps to --node-rank/--master-addr/--master-port, `c10d` to --rdzv-endpoint (ranks are then
+assigned at the rendezvous, so --machine_rank is not passed). Port 0 cannot be "pick a free one"
+across machines (the others could not know it), so it becomes torchrun's usual 29500.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+from mpslaunch.plan import LaunchPlan
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_PORT = 29500  # torchrun's and Accelerate's default master port
+SHARED_RUN_ID = "mpslaunch"  # several machines must agree on it; one machine gets a unique one
+# Each console line of a rank starts with its global rank, like torchrun --tee with a prefix.
+LINE_PREFIX = "[rank${rank}] "
+MONITOR_INTERVAL = "0.1"  # seconds between checks of the ranks (older torch defaulted to 5)
+FREE_PORT = "<free port>"  # what --dry-run shows before the port is picked
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the machines meet: torchrun's --rdzv-* / --master-* settings."""
+
+    backend: str  # "static" or "c10d"
+    address: str
+    port: int  # 0: a free port on 127.0.0.1, picked when the run starts (one machine only)
+    node_rank: int | None  # None: assigned at the rendezvous (c10d)
+    run_id: str
+    local: bool  # one machine: everything binds to 127.0.0.1
+
+
+def rendezvous_for(plan: LaunchPlan, run_id: str) -> Rendezvous:
+    settings = plan.settings
+    if settings.num_machines == 1:
+        return Rendezvous("static", LOOPBACK, settings.main_process_port, 0, run_id, local=True)
+    port = settings.main_process_port or DEFAULT_PORT
+    node_rank = settings.machine_rank if settings.rdzv_backend == "static" else None
+    return Rendezvous(settings.rdzv_backend, settings.main_process_ip, port, node_rank,
+                      SHARED_RUN_ID, local=False)
+
+
+def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = None,
+              log_dir: str | None = None) -> list[str]:
+    """torch.distributed.run's command line (without `python -m torch.distributed.run`)."""
+    port = port_text or str(rendezvous.port)
+    args = [
+        "--nnodes", str(plan.num_machines),
+        "--nproc-per-node", str(plan.num_processes),
+        "--rdzv-backend", rendezvous.backend,
+        "--rdzv-id", rendezvous.run_id,
+        "--max-restarts", str(plan.settings.max_restarts),
+        "--monitor-interval", MONITOR_INTERVAL,
+    ]
+    host = _bracketed(rendezvous.address)
+    if rendezvous.backend == "static":
+        args += ["--node-rank", str(rendezvous.node_rank), "--master-addr", host, "--master-port", port]
+    else:
+        args += ["--rdzv-endpoint", f"{host}:{port}"]
+    # --tee 3: both streams of every rank go to its log files and, prefixed, to the console.
+    args += ["--tee", "3", "--log-line-prefix-template", LINE_PREFIX]
+    if log_dir:
+        args += ["--log-dir", log_dir]
+    return args + target_arguments(plan.command)
+
+
+def target_arguments(command: tuple[str, ...]) -> list[str]:
+    """plan.command is (python, script, args...) or (python, -m, module, args...)."""
+    rest = list(command[1:])
+    if rest[:1] == ["-m"]:
+        return ["--module", *rest[1:]]
+    return rest
+
+
+def _bracketed(address: str) -> str:
+    # torch parses host:port endpoints; a bare IPv6 address needs its brackets.
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+# ---------------------------------------------------------------- environment
+
+
+def loopback_interface(platform: str = sys.platform) -> str:
+    return "lo0" if platform == "darwin" else "lo"
+
+
+def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapping[str, str],
+                         platform: str = sys.platform) -> dict[str, str]:
+    """What every rank gets on top of the user's environment: plan.env and what this path adds."""
+    env = dict(plan.env)
+    if "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in env:
+        # torchrun's own default for several processes; set here so it shows in --dry-run.
+        env["OMP_NUM_THREADS"] = "1"
+    if rendezvous.local:
+        # gloo and nccl open listening sockets of their own: keep them on the loopback too.
+        names = ["GLOO_SOCKET_IFNAME"] + (["NCCL_SOCKET_IFNAME"] if plan.device == "cuda" else [])
+        for name in names:
+            if name not in environ:
+                env[name] = loopback_interface(platform)
+    return env
+
+
+def rank_environments(plan: LaunchPlan, rendezvous: Rendezvous,
+                      port_text: str | None = None) -> list[dict[str, str]]:
+    """The variables torchrun gives each local rank on this machine (for --dry-run)."""
+    world = plan.num_processes * plan.num_machines
+    static = rendezvous.backend == "static"
+    table = []
+    for local_rank in range(plan.num_processes):
+        if rendezvous.node_rank is None:
+            rank = group_rank = "<assigned at rendezvous>"
+        else:
+            rank = str(rendezvous.node_rank * plan.num_processes + local_rank)
+            group_rank = str(rendezvous.node_rank)
+        table.append({
+            "RANK": rank,
+            "LOCAL_RANK": str(local_rank),
+            "GROUP_RANK": group_rank,
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(plan.num_processes),
+            # c10d: the store that the ranks share is on whichever machine got rank 0.
+            "MASTER_ADDR": rendezvous.address if static else "<set at rendezvous>",
+            "MASTER_PORT": (port_text or str(rendezvous.port)) if static else "<set at rendezvous>",
+        })
+    return table

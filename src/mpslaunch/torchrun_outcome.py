@@ -1,0 +1,77 @@
+"""What a torchrun run ends with: the launcher's exit code and one summary line. Pure.
+
+The exit code is the first failing rank's own (so `sys.exit(3)` in any rank gives 3), 128+N
+when signal N killed it, 128+N when signal N stopped the launcher. The summary names the rank,
+how it ended and where its output (with its traceback) is; the traceback itself was already
+on the console, prefixed with the rank, so the launcher prints no other.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpslaunch.runner import exit_code
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The first failure torch's agent reported (torch's ProcessFailure, reduced)."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    exitcode: int  # negative: killed by that signal (Popen's convention)
+    log_folder: str | None  # the rank's stdout.log, stderr.log (and error.json from @record)
+
+
+def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
+    folder = rank_log_folder(log_root, run_id, failure.local_rank)
+    return RankFailure(rank, failure.local_rank, failure.pid, failure.exitcode,
+                       str(folder) if folder else None)
+
+
+def rank_log_folder(log_root: str, run_id: str, local_rank: int) -> Path | None:
+    """torch writes <log root>/<run id>_<random>/attempt_<n>/<local rank>/: the latest one."""
+    runs = sorted(Path(log_root).glob(f"{run_id}_*"), key=lambda path: path.stat().st_mtime)
+    if not runs:
+        return None
+    attempts = sorted(runs[-1].glob("attempt_*"), key=lambda path: _number(path.name))
+    folder = attempts[-1] / str(local_rank) if attempts else None
+    return folder if folder and folder.is_dir() else None
+
+
+def _number(name: str) -> int:
+    digits = name.rpartition("_")[2]
+    return int(digits) if digits.isdigit() else -1
+
+
+def how_it_ended(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (exit code {exit_code(exitcode)})"
+    return f"exited with code {exitcode}"
+
+
+def failure_summary(failure: RankFailure) -> str:
+    text = f"mpslaunch: rank {failure.rank} failed first: it {how_it_ended(failure.exitcode)}"
+    files = _output_files(failure.log_folder)
+    if files:
+        text += "; its traceback and output: " + ", ".join(files)
+    return text + "; the other ranks were stopped"
+
+
+def _output_files(log_folder: str | None) -> list[str]:
+    if not log_folder:
+        return []
+    names = ["stderr.log", "stdout.log", "error.json"]  # error.json: only from @record scripts
+    return [str(Path(log_folder) / name) for name in names if (Path(log_folder) / name).is_file()]
+
+
+def stopped_summary(signum: int) -> str:
+    return (f"mpslaunch: stopped by {signal.Signals(signum).name}; every rank was stopped "
+            f"(exit code {128 + signum})")

@@ -1,0 +1,131 @@
+"""Signals and leftover ranks on the torchrun path.
+
+Who does what:
+- SIGINT, SIGTERM, SIGHUP, SIGQUIT: once the ranks start, torch's elastic agent owns them (it
+  raises SignalException, sends the same signal to every rank's process group, and SIGKILLs what
+  is left after its shutdown timeout). Before that (importing torch, rendezvous) our handler turns
+  them into `Stopped`, so the launcher ends cleanly with 128+N and no traceback.
+- SIGUSR1, SIGUSR2: torch does not handle them (they would kill the launcher), so our handler
+  forwards them to every rank (not to the ranks' helpers such as DataLoader workers).
+- After the run, `sweep()` SIGKILLs the process group of any rank still there (a second Ctrl-C
+  can interrupt torch's own shutdown) and reaps it, so no rank outlives the launcher.
+
+The ranks are found as this process's children that lead their own process group: torch starts
+every rank with start_new_session=True, and the launcher process starts nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from mpslaunch.runner import STOPPING_SIGNALS
+
+FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Stopped(BaseException):
+    """A stopping signal arrived before torch's agent took the signals over.
+
+    A BaseException, like KeyboardInterrupt, so that torch's `except Exception` retry loops
+    (rendezvous) do not swallow it; torch's agent still shuts its ranks down in its `finally`.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class LauncherSignals:
+    """Installs our handlers for the run; `quiet()` once the ranks are gone; restores on exit."""
+
+    def __init__(self):
+        self.previous: dict[int, object] = {}
+        self.late: list[int] = []
+
+    def __enter__(self) -> "LauncherSignals":
+        for signum in STOPPING_SIGNALS:
+            self.previous[signum] = signal.signal(signum, self._stop)
+        for signum in FORWARDED_ONLY:
+            self.previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def quiet(self) -> None:
+        # torch leaves its handlers installed after the run; a late signal must not raise
+        # SignalException in the middle of our clean-up.
+        for signum in STOPPING_SIGNALS:
+            signal.signal(signum, self._remember)
+
+    def __exit__(self, *_exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    @staticmethod
+    def _stop(signum: int, _frame) -> None:
+        raise Stopped(signum)
+
+    def _remember(self, signum: int, _frame) -> None:
+        self.late.append(signum)
+
+    @staticmethod
+    def _forward(signum: int, _frame) -> None:
+        for pid in rank_pids():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def sweep() -> list[int]:
+    """SIGKILL every rank (and its process group) still alive, reap it; return their pids."""
+    pids = rank_pids()
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # already reaped by torch's Popen
+    return pids
+
+
+def rank_pids(parent: int | None = None) -> list[int]:
+    """Children of `parent` (default: us) that lead their own process group: the ranks."""
+    parent = os.getpid() if parent is None else parent
+    table = _process_table_proc() if Path("/proc/self/stat").exists() else _process_table_ps()
+    return sorted(pid for pid, ppid, pgid in table if ppid == parent and pgid == pid)
+
+
+def _process_table_proc() -> list[tuple[int, int, int]]:
+    rows = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+        fields = text[text.rindex(")") + 2:].split()
+        rows.append((int(entry.name), int(fields[1]), int(fields[2])))
+    return rows
+
+
+def _process_table_ps() -> list[tuple[int, int, int]]:
+    # macOS has no /proc; ps prints pid, ppid and process group id the same way there and on Linux.
+    try:
+        done = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "pgid="],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = []
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and all(part.lstrip("-").isdigit() for part in parts):
+            rows.append(tuple(int(part) for part in parts))
+    return rows
