@@ -1,0 +1,179 @@
+"""`mpslaunch test`: check, through the real launch path, that the plan works on this machine.
+
+Resolves the plan exactly as `mpslaunch launch` does (the profile in force, or --config_file /
+--profile, then the flags below), launches the bundled check script checks/selfcheck.py with it
+(one process, or torchrun for several), and prints one line per check:
+
+  device           the device each process actually got is the planned one
+  train step       a forward/backward/optimizer step works there
+  mixed precision  the planned precision (no, fp16, bf16) really runs
+  mps fallback     on mps: the CPU fallback is set as planned (PYTORCH_ENABLE_MPS_FALLBACK)
+  all-reduce       with several processes: an all-reduce across the ranks is correct
+
+Each failure says what to change. Exit code: 0 when every check passed on every rank, 1 when a
+check failed, 2 when the plan itself is impossible here (the same one-line error as `launch`).
+
+Examples:
+  mpslaunch test
+  mpslaunch test --profile cpu4
+  mpslaunch test --cpu --num_processes 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpslaunch.errors import MpslaunchError
+
+CHECK_SCRIPT = Path(__file__).parent / "checks" / "selfcheck.py"
+DEFAULT_TIMEOUT = 300.0
+EXIT_FAILED = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def option(name: str, **kwargs) -> None:
+        # The same spellings as `mpslaunch launch`: --num_processes and --num-processes.
+        parser.add_argument(name, name.replace("_", "-"), **kwargs) if "_" in name else \
+            parser.add_argument(name, **kwargs)
+
+    from mpslaunch.profile import DEVICES, PRECISIONS
+
+    option("--config_file", metavar="PATH", help="profile file to use")
+    option("--profile", metavar="NAME", help="named profile from the config folder")
+    option("--cpu", action="store_true", help="test the cpu plan whatever the machine has")
+    option("--device", choices=DEVICES, help="auto (default), mps, cuda or cpu")
+    option("--mixed_precision", choices=PRECISIONS, help="no, fp16 or bf16")
+    option("--num_processes", type=int, metavar="N", help="processes on this machine")
+    option("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+           help="a rank that takes longer fails (default: %(default)s)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from mpslaunch import launch
+
+    if not args.timeout > 0:
+        raise MpslaunchError("--timeout must be above 0 seconds.")
+    with tempfile.TemporaryDirectory(prefix="mpslaunch-test-") as report_dir:
+        plan = resolve_plan(args, report_dir)
+        for warning in plan.warnings:
+            print(f"mpslaunch: warning: {warning}", file=sys.stderr)
+        print(plan.summary(), flush=True)
+        # The child's code is not the verdict: the reports are (a crash leaves none).
+        child_code = launch.execute(plan, grace_seconds=5.0)
+        outcomes = collect(Path(report_dir), plan.num_processes, child_code)
+    print(format_outcomes(outcomes))
+    return 0 if outcomes and all(o.ok for o in outcomes) else EXIT_FAILED
+
+
+def resolve_plan(args: argparse.Namespace, report_dir: str):
+    """The plan `mpslaunch launch` would make for the check script, with what to expect."""
+    from mpslaunch import machine, profile
+    from mpslaunch.plan import LaunchRequest, resolve
+
+    settings, _ = profile.load_active(args.config_file, args.profile)
+    probed = machine.probe()
+
+    def request(expectations: tuple[str, ...]) -> LaunchRequest:
+        return LaunchRequest(
+            target=str(CHECK_SCRIPT), target_args=("--report-dir", report_dir, *expectations),
+            cpu=args.cpu, device=args.device, mixed_precision=args.mixed_precision,
+            num_processes=args.num_processes,
+        )
+
+    # Resolve once to learn the plan, then again with the plan's expectations as the script's
+    # arguments; resolve is pure, so both give the same plan (the script's arguments aside).
+    draft = resolve(settings, request(()), probed, os.environ)
+    return resolve(settings, request(expectations(draft, args.timeout)), probed, os.environ)
+
+
+def expectations(plan, timeout: float) -> tuple[str, ...]:
+    # What the child will actually see for the fallback: the plan's value, or the user's own.
+    fallback = plan.env.get("PYTORCH_ENABLE_MPS_FALLBACK",
+                            os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK", "1"))
+    return (
+        "--expect-device", plan.device,
+        "--expect-precision", plan.mixed_precision,
+        "--expect-world-size", str(plan.world_size),
+        "--expect-mps-fallback", "1" if fallback.strip() == "1" else "0",
+        "--timeout", str(timeout),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One check over all local ranks."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def collect(report_dir: Path, expected_ranks: int, child_code: int) -> list[Outcome]:
+    reports = _read_reports(report_dir)
+    outcomes = _merge_checks(reports)
+    if len(reports) < expected_ranks:
+        missing = expected_ranks - len(reports)
+        outcomes.append(Outcome(
+            "report", False,
+            f"{missing} of {expected_ranks} process(es) ended without a report "
+            f"(launcher exit code {child_code})",
+            "the check script crashed before reporting; its error is printed above; "
+            "run `mpslaunch env` and report both",
+        ))
+    return outcomes
+
+
+def _read_reports(report_dir: Path) -> list[dict]:
+    reports = []
+    for path in sorted(report_dir.glob("rank-*.json")):
+        try:
+            reports.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # counted as missing
+    return sorted(reports, key=lambda report: report.get("rank", 0))
+
+
+def _merge_checks(reports: list[dict]) -> list[Outcome]:
+    """A check passes only if it passed on every rank; a failure names the ranks it failed on."""
+    by_name: dict[str, list[tuple[int, dict]]] = {}
+    for report in reports:
+        for check in report.get("checks", []):
+            by_name.setdefault(check["name"], []).append((report.get("rank", 0), check))
+    outcomes = []
+    for name, results in by_name.items():
+        failed = [(rank, check) for rank, check in results if not check["ok"]]
+        if not failed:
+            outcomes.append(Outcome(name, True, _passed_detail(results)))
+            continue
+        ranks = ", ".join(str(rank) for rank, _ in failed)
+        first = failed[0][1]
+        where = f"rank {ranks}: " if len(reports) > 1 else ""
+        outcomes.append(Outcome(name, False, where + first["detail"], first.get("fix", "")))
+    return outcomes
+
+
+def _passed_detail(results: list[tuple[int, dict]]) -> str:
+    detail = results[0][1]["detail"]
+    return detail if len(results) == 1 else f"{detail} (all {len(results)} ranks)"
+
+
+def format_outcomes(outcomes: list[Outcome]) -> str:
+    if not outcomes:
+        return "FAIL  no check ran; run `mpslaunch env` and report its output"
+    width = max(len(o.name) for o in outcomes)
+    lines = []
+    for o in outcomes:
+        lines.append(f"{'PASS' if o.ok else 'FAIL'}  {o.name.ljust(width)}  {o.detail}")
+        if not o.ok and o.fix:
+            lines.append(f"      {''.ljust(width)}  what to change: {o.fix}")
+    failed = sum(not o.ok for o in outcomes)
+    lines.append(f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed."
+                 if failed else f"mpslaunch test: all {len(outcomes)} checks passed.")
+    return "\n".join(lines)
