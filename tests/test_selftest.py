@@ -123,7 +123,7 @@ def test_check_script_notices_a_missing_plan_and_a_wrong_world_size(tmp_path):
     code, checks = run_check_script(
         tmp_path, "--expect-device", "cpu", "--expect-precision", "no",
         "--expect-world-size", "2", env={"ACCELERATE_USE_CPU": "true"})
-    assert code == 1
+    assert code == 0  # the report carries the verdict
     assert not checks["device"]["ok"]
     assert "MPSLAUNCH_DEVICE is None, the plan says 'cpu'" in checks["device"]["detail"]
     assert checks["train step"]["ok"]

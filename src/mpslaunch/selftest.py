@@ -39,8 +39,8 @@ EXIT_FAILED = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     def option(name: str, **kwargs) -> None:
         # The same spellings as `mpslaunch launch`: --num_processes and --num-processes.
-        parser.add_argument(name, name.replace("_", "-"), **kwargs) if "_" in name else \
-            parser.add_argument(name, **kwargs)
+        spellings = [name] if "_" not in name else [name, name.replace("_", "-")]
+        parser.add_argument(*spellings, **kwargs)
 
     from mpslaunch.profile import DEVICES, PRECISIONS
 
@@ -154,7 +154,7 @@ def _merge_checks(reports: list[dict]) -> list[Outcome]:
             continue
         ranks = ", ".join(str(rank) for rank, _ in failed)
         first = failed[0][1]
-        where = f"rank {ranks}: " if len(reports) > 1 else ""
+        where = f"rank{'s' if len(failed) > 1 else ''} {ranks}: " if len(reports) > 1 else ""
         outcomes.append(Outcome(name, False, where + first["detail"], first.get("fix", "")))
     return outcomes
 

@@ -17,8 +17,10 @@ Checks (each failure carries `fix`, what to change):
   all-reduce       with several processes: the ranks sum their rank numbers correctly
 
 Only the standard library, torch and (optionally) accelerate: it runs in the child's Python.
-Prints nothing; exits 0 when every check passed, 1 otherwise. A watchdog ends a hung rank after
---timeout seconds with a report that names the check it was stuck in.
+Prints nothing. The report is the verdict, so a rank that wrote one exits 0 even when a check
+failed: a nonzero exit would make torchrun stop the other ranks, maybe before they report. A
+crash leaves no report; a watchdog ends a hung rank after --timeout seconds (exit 1) with a
+report that names the check it was stuck in.
 
     python selfcheck.py --report-dir DIR --expect-device cpu --expect-precision no \
         --expect-world-size 1 --expect-mps-fallback 1
@@ -62,10 +64,6 @@ class Checks:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             json.dump(document, stream)
         os.replace(temporary, self.path)
-
-    @property
-    def all_passed(self) -> bool:
-        return all(result["ok"] for result in self.results)
 
 
 def start_watchdog(checks: Checks, seconds: float) -> None:
@@ -325,7 +323,7 @@ def main(argv: list[str]) -> int:
         run_check(checks, "all-reduce", check_all_reduce, torch, device, args.expect_world_size)
     checks.write()
     _leave_process_group(torch)
-    return 0 if checks.all_passed else 1
+    return 0
 
 
 def _leave_process_group(torch) -> None:
