@@ -66,6 +66,7 @@ def describe(plan: LaunchPlan) -> str:
         plan.describe(),
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
         "  " + shlex.join([python, "-m", "torch.distributed.run", *argv]),
+        "  each rank runs: " + shlex.join([python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
         *(f"  {key}={value}" for key, value in sorted(_added(plan, rendezvous).items())),

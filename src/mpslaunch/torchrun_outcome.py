@@ -59,17 +59,12 @@ def how_it_ended(exitcode: int) -> str:
 
 def failure_summary(failure: RankFailure) -> str:
     text = f"mpslaunch: rank {failure.rank} failed first: it {how_it_ended(failure.exitcode)}"
-    files = _output_files(failure.log_folder)
-    if files:
-        text += "; its traceback and output: " + ", ".join(files)
+    folder = Path(failure.log_folder) if failure.log_folder else None
+    if folder and (folder / "stderr.log").is_file():
+        text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
+    if folder and (folder / "error.json").is_file():  # written by scripts that use torch's @record
+        text += f", the error record in {folder / 'error.json'}"
     return text + "; the other ranks were stopped"
-
-
-def _output_files(log_folder: str | None) -> list[str]:
-    if not log_folder:
-        return []
-    names = ["stderr.log", "stdout.log", "error.json"]  # error.json: only from @record scripts
-    return [str(Path(log_folder) / name) for name in names if (Path(log_folder) / name).is_file()]
 
 
 def stopped_summary(signum: int) -> str:

@@ -1,0 +1,66 @@
+"""torchrun_outcome: exit codes and the one-line failure summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+from mpslaunch.torchrun_outcome import (RankFailure, failure_summary, from_torch, how_it_ended,
+                                        rank_log_folder, stopped_summary)
+
+
+def make_logs(root, run_id: str, attempts: int, local_ranks: int = 2):
+    run = root / f"{run_id}_abc123"
+    for attempt in range(attempts):
+        for local_rank in range(local_ranks):
+            folder = run / f"attempt_{attempt}" / str(local_rank)
+            folder.mkdir(parents=True)
+            (folder / "stderr.log").write_text("Traceback ...\n")
+            (folder / "stdout.log").write_text("")
+    return run
+
+
+def test_exit_code_and_signal_wording():
+    assert how_it_ended(3) == "exited with code 3"
+    assert how_it_ended(-signal.SIGKILL) == "was killed by SIGKILL (exit code 137)"
+    assert how_it_ended(-signal.SIGSEGV) == "was killed by SIGSEGV (exit code 139)"
+
+
+def test_log_folder_is_the_latest_attempt(tmp_path):
+    run = make_logs(tmp_path, "mpslaunch-1", attempts=12)  # attempt_11 sorts before attempt_2 as text
+    assert rank_log_folder(str(tmp_path), "mpslaunch-1", 1) == run / "attempt_11" / "1"
+
+
+def test_log_folder_of_another_run_is_not_used(tmp_path):
+    make_logs(tmp_path, "mpslaunch-other", attempts=1)
+    assert rank_log_folder(str(tmp_path), "mpslaunch-1", 0) is None
+
+
+def test_summary_names_rank_code_and_stderr_file(tmp_path):
+    run = make_logs(tmp_path, "r", attempts=1)
+    torch_failure = SimpleNamespace(local_rank=1, pid=4242, exitcode=3, error_file="<N/A>")
+    failure = from_torch(5, torch_failure, str(tmp_path), "r")
+    assert failure == RankFailure(5, 1, 4242, 3, str(run / "attempt_0" / "1"))
+    text = failure_summary(failure)
+    assert text.startswith("mpslaunch: rank 5 failed first: it exited with code 3")
+    assert str(run / "attempt_0" / "1" / "stderr.log") in text
+    assert "error.json" not in text and "\n" not in text
+
+
+def test_summary_mentions_torchs_error_record_when_the_script_wrote_one(tmp_path):
+    run = make_logs(tmp_path, "r", attempts=1)
+    (run / "attempt_0" / "0" / "error.json").write_text("{}")
+    text = failure_summary(RankFailure(0, 0, 1, 1, str(run / "attempt_0" / "0")))
+    assert "error.json" in text
+
+
+def test_summary_without_log_files_still_names_the_rank():
+    text = failure_summary(RankFailure(1, 1, 1, -9, None))
+    assert text == ("mpslaunch: rank 1 failed first: it was killed by SIGKILL (exit code 137); "
+                    "the other ranks were stopped")
+
+
+def test_stopped_summary():
+    assert "SIGTERM" in stopped_summary(signal.SIGTERM) and "143" in stopped_summary(signal.SIGTERM)
+    assert os.linesep not in stopped_summary(signal.SIGINT)
