@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import subprocess
 import sys
@@ -194,12 +193,26 @@ def test_warmup_work_is_not_counted(monkeypatch):
     assert (timing.p25_s, timing.median_s, timing.p75_s) == (1.0, 1.0, 1.0)
 
 
+class CountingDevice(AsyncDevice):
+    def __init__(self, seconds_per_op: float) -> None:
+        super().__init__(seconds_per_op)
+        self.calls = 0
+
+    def op(self) -> None:
+        self.calls += 1
+        super().op()
+
+
 def test_slow_ops_take_few_samples_within_the_budget(monkeypatch):
-    device = AsyncDevice(seconds_per_op=4.0)
+    device = CountingDevice(seconds_per_op=4.0)
     monkeypatch.setattr(bench_timing.time, "perf_counter", lambda: device.now)
-    timing = bench_timing.time_op(device.op, device.synchronize, repeats=7, warmup=1,
-                                  sample_seconds=0.02, budget_seconds=5)
+    timing = bench_timing.time_op(device.op, device.synchronize, repeats=7, warmup=3,
+                                  sample_seconds=0.02, budget_seconds=3)
     assert (timing.inner, timing.samples) == (1, bench_timing.MIN_SAMPLES)
+    assert timing.median_s == 4.0
+    # One warm-up call (it already spent the budget), then the calibration run, which is kept
+    # as the first of the three samples.
+    assert device.calls == 1 + 3
 
 
 # ---- report: speedup and crossover ------------------------------------------------------------
@@ -296,21 +309,10 @@ def test_cli_module_import_does_not_load_torch_or_config_only_packages():
     assert out.stdout.strip() == "[]"
 
 
-def test_bench_run_does_not_import_config_only_packages():
-    code = ("import sys, argparse, mpslaunch.bench as b; p = argparse.ArgumentParser();"
-            "b.add_arguments(p); b.main(p.parse_args(['--cpu', '--sizes', '8', '--workload',"
-            " 'matvec', '--repeats', '1', '--json']));"
-            "print(sorted(m for m in ('questionary', 'platformdirs') if m in sys.modules),"
-            " file=sys.stderr)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stderr.strip().splitlines()[-1] == "[]"
-    json.load(io.StringIO(out.stdout))
-
-
 # ---- through the real CLI ----------------------------------------------------------------------
 
-def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpslaunch", "bench", *argv],
+def run_cli(*argv: str, python_options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *python_options, "-m", "mpslaunch", "bench", *argv],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -323,10 +325,15 @@ def test_cli_bad_input_exits_2_with_one_line(argv):
     assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
 
 
-def test_cli_cpu_run_prints_the_table(tmp_path):
+def test_cli_cpu_run_prints_the_table_without_config_only_packages(tmp_path):
+    # The GPU machine has no questionary or platformdirs: bench must never import them.
     done = run_cli("--cpu", "--sizes", "16", "--workload", "matvec", "--repeats", "2",
-                   "--out", str(tmp_path))
+                   "--out", str(tmp_path), python_options=("-X", "importtime"))
     assert done.returncode == 0, done.stderr
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "torch" in imported and "matplotlib" in imported  # the probe works
+    assert not imported & {"questionary", "platformdirs"}
     assert "matvec    float32  m=16  cpu" in done.stdout
     assert "cpu only" in done.stdout
     assert (tmp_path / "bench.csv").is_file() and (tmp_path / "bench.png").is_file()

@@ -11,10 +11,12 @@ synchronize and clock overhead (microseconds) negligible even for tiny ops. Seve
 give the median and the interquartile range.
 
 Slow ops (one call longer than a sample) use inner = 1 and as many samples as fit in
-`budget_seconds`, but never fewer than MIN_SAMPLES (or `repeats`, if smaller), so a big CPU matmul does not take minutes.
+`budget_seconds`, but never fewer than MIN_SAMPLES (or `repeats`, if smaller); warm-up stops
+after one call once it has used the budget, so a big CPU matmul does not take minutes.
 
-We time by hand instead of with torch.utils.benchmark.Timer: its synchronization covers mps
-only in recent torch (it used to synchronize cuda alone), and this project supports torch 2.4+.
+We time by hand instead of with torch.utils.benchmark.Timer: its timer synchronizes mps only
+since it became accelerator-agnostic (pytorch/pytorch PR #157131, mid-2025, torch 2.9); before,
+it synchronized cuda alone, and this project supports torch 2.4+.
 """
 
 from __future__ import annotations
@@ -54,14 +56,26 @@ def time_op(
     budget_seconds: float = 5.0,
 ) -> Timing:
     """Median time of one call of `op`, with the device synchronized around every sample."""
-    for _ in range(warmup):
-        op()
-    synchronize()
-    inner, seconds_per_op = _calibrate(op, synchronize, sample_seconds)
-    samples = _sample_count(repeats, seconds_per_op * inner, budget_seconds)
-    per_op = [_timed_sample(op, synchronize, inner) / inner for _ in range(samples)]
-    p25, median, p75 = _quartiles(per_op)
+    _warm_up(op, synchronize, warmup, budget_seconds)
+    inner, first_sample = _calibrate(op, synchronize, sample_seconds)
+    samples = _sample_count(repeats, first_sample, budget_seconds)
+    # A slow op's calibration run is already one clean sample of inner = 1: keep it.
+    kept = [first_sample] if inner == 1 else []
+    timed = kept + [_timed_sample(op, synchronize, inner) for _ in range(samples - len(kept))]
+    p25, median, p75 = _quartiles([seconds / inner for seconds in timed])
     return Timing(median_s=median, p25_s=p25, p75_s=p75, samples=samples, inner=inner)
+
+
+def _warm_up(
+    op: Callable[[], object], synchronize: Callable[[], None], calls: int, budget_seconds: float
+) -> None:
+    """Untimed calls; one is enough for an op so slow that the rest would blow the budget."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        op()
+        synchronize()
+        if time.perf_counter() - start > budget_seconds:
+            break
 
 
 def _timed_sample(op: Callable[[], object], synchronize: Callable[[], None], inner: int) -> float:
@@ -76,14 +90,20 @@ def _timed_sample(op: Callable[[], object], synchronize: Callable[[], None], inn
 def _calibrate(
     op: Callable[[], object], synchronize: Callable[[], None], sample_seconds: float
 ) -> tuple[int, float]:
-    """Grow `inner` until a sample is long enough to measure; return it and seconds per op."""
+    """Grow `inner` until a sample is long enough to measure.
+
+    Returns the inner count for the real samples and the expected seconds of one such sample.
+    For inner = 1 that is exactly the last calibration sample, which the caller may keep.
+    """
     inner = 1
     while True:
         elapsed = _timed_sample(op, synchronize, inner)
-        per_op = max(elapsed / inner, 1e-9)
         if elapsed >= sample_seconds / 4 or inner >= MAX_INNER:
-            return max(1, min(MAX_INNER, math.ceil(sample_seconds / per_op))), per_op
+            break
         inner = min(MAX_INNER, inner * 10)
+    per_op = max(elapsed / inner, 1e-9)
+    chosen = max(1, min(MAX_INNER, math.ceil(sample_seconds / per_op)))
+    return chosen, (elapsed if chosen == inner == 1 else per_op * chosen)
 
 
 def _sample_count(repeats: int, seconds_per_sample: float, budget_seconds: float) -> int:
