@@ -238,9 +238,6 @@ time.sleep(120)
 
 
 def test_ranks_that_ignore_sigterm_are_killed_after_the_grace_period(tmp_path, marker):
-    launcher_api = pytest.importorskip("torch.distributed.launcher.api")
-    if not hasattr(launcher_api.LaunchConfig, "shutdown_timeout"):
-        pytest.skip("this torch has a fixed 30 s shutdown timeout")
     script = write_script(tmp_path, "stubborn.py", RANK_PREAMBLE + """
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 ready()
@@ -287,3 +284,19 @@ def test_a_taken_port_is_a_usage_error(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
     assert not Path(str(script) + ".ran").exists()
+
+
+def test_a_second_signal_kills_the_ranks_at_once(tmp_path, marker):
+    script = write_script(tmp_path, "stubborn.py", RANK_PREAMBLE + """
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ready()
+time.sleep(120)
+""")
+    launcher = start_launcher(tmp_path, script, marker=marker)  # default grace: 30 s
+    launcher.send_signal(signal.SIGTERM)
+    time.sleep(1)  # torch's agent is now waiting for the ranks to stop
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=20)
+    assert launcher.returncode == 143, err
+    assert all(gone(pid) for pid in rank_pids(tmp_path))
+    assert processes_with(marker) == []

@@ -19,10 +19,11 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
 - Exit code: the first failing rank's own code, 128+N if signal N killed it; 128+N when signal N
   stopped the launcher. One summary line names the rank and its log files; torch's own log and
   error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher traceback is printed.
-- Signals: see torchrun_signals. The grace period becomes the agent's shutdown timeout (the
-  time between SIGTERM and SIGKILL) where this torch has one (LaunchConfig.shutdown_timeout);
-  older torch uses its fixed 30 s. When a rank fails, torch stops the others with SIGTERM and a
-  fixed 30 s before SIGKILL, whatever the grace period.
+- Signals (torchrun_signals): SIGINT/SIGTERM/SIGHUP/SIGQUIT stop every rank with that signal;
+  ranks still there after the grace period, or at a second signal, are SIGKILLed; SIGUSR1/2
+  are forwarded to every rank. A grace period above 30 s needs a torch whose LaunchConfig has
+  `shutdown_timeout` (2.14 has it; older ones SIGKILL after a fixed 30 s). When a rank fails,
+  torch stops the others with SIGTERM and its own 30 s before SIGKILL, whatever the grace.
 - A launcher killed with SIGKILL cannot stop its ranks (torch starts them in sessions of their
   own, without a parent-death signal); every other way of ending the launcher stops them.
 """
@@ -103,7 +104,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
     rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
     env = launcher_environment(plan, rendezvous, os.environ)
     _line_buffered(sys.stdout)
-    with LauncherSignals() as signals, _LogFolder(plan.log_dir) as logs:
+    with LauncherSignals(grace_seconds) as signals, _LogFolder(plan.log_dir) as logs:
         try:
             code = _launch(plan, rendezvous, env, logs.path, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
@@ -123,7 +124,7 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
     with _quiet_torch_logs(), _environment(env), store as port:
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), log_dir))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
-        if hasattr(config, "shutdown_timeout"):  # torch 2.12 and later
+        if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
         try:
             elastic.launch(config, entrypoint)(*entry_args)

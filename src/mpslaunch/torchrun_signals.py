@@ -2,13 +2,18 @@
 
 Who does what:
 - SIGINT, SIGTERM, SIGHUP, SIGQUIT: once the ranks start, torch's elastic agent owns them (it
-  raises SignalException, sends the same signal to every rank's process group, and SIGKILLs what
-  is left after its shutdown timeout). Before that (importing torch, rendezvous) our handler turns
-  them into `Stopped`, so the launcher ends cleanly with 128+N and no traceback.
+  raises SignalException and sends the same signal to every rank's process group). Before that
+  (importing torch, rendezvous) our handler turns them into `Stopped`, so the launcher ends
+  cleanly with 128+N and no traceback.
+- The grace period: torch's own SIGKILL comes after its shutdown timeout (30 s before torch
+  2.12), and a second signal only restarts that wait. So a watcher thread sees every signal as
+  it arrives (through signal.set_wakeup_fd, which works whoever's Python handler is installed):
+  `grace_seconds` after the first stopping signal, or at once on the second, it SIGKILLs every
+  rank's process group itself.
 - SIGUSR1, SIGUSR2: torch does not handle them (they would kill the launcher), so our handler
   forwards them to every rank (not to the ranks' helpers such as DataLoader workers).
-- After the run, `sweep()` SIGKILLs the process group of any rank still there (a second Ctrl-C
-  can interrupt torch's own shutdown) and reaps it, so no rank outlives the launcher.
+- After the run, `sweep()` SIGKILLs the process group of any rank still there and reaps it, so
+  no rank outlives the launcher.
 
 The ranks are found as this process's children that lead their own process group: torch starts
 every rank with start_new_session=True, and the launcher process starts nothing else.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from mpslaunch.runner import STOPPING_SIGNALS
@@ -39,35 +45,34 @@ class Stopped(BaseException):
 
 
 class LauncherSignals:
-    """Installs our handlers for the run; `quiet()` once the ranks are gone; restores on exit."""
+    """Our handlers and the grace-period watcher for the run; `quiet()` once the ranks are gone."""
 
-    def __init__(self):
+    def __init__(self, grace_seconds: float):
         self.previous: dict[int, object] = {}
-        self.late: list[int] = []
+        self.watcher = _GraceWatcher(grace_seconds)
 
     def __enter__(self) -> "LauncherSignals":
         for signum in STOPPING_SIGNALS:
             self.previous[signum] = signal.signal(signum, self._stop)
         for signum in FORWARDED_ONLY:
             self.previous[signum] = signal.signal(signum, self._forward)
+        self.watcher.start()
         return self
 
     def quiet(self) -> None:
         # torch leaves its handlers installed after the run; a late signal must not raise
         # SignalException in the middle of our clean-up.
         for signum in STOPPING_SIGNALS:
-            signal.signal(signum, self._remember)
+            signal.signal(signum, signal.SIG_IGN)
 
     def __exit__(self, *_exc) -> None:
+        self.watcher.stop()
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
     @staticmethod
     def _stop(signum: int, _frame) -> None:
         raise Stopped(signum)
-
-    def _remember(self, signum: int, _frame) -> None:
-        self.late.append(signum)
 
     @staticmethod
     def _forward(signum: int, _frame) -> None:
@@ -78,14 +83,58 @@ class LauncherSignals:
                 pass
 
 
-def sweep() -> list[int]:
-    """SIGKILL every rank (and its process group) still alive, reap it; return their pids."""
+class _GraceWatcher:
+    """Reads signal numbers from the wakeup pipe; kills the ranks when their time is up."""
+
+    def __init__(self, grace_seconds: float):
+        self.grace_seconds = grace_seconds
+        self.stops = 0
+        self.timer: threading.Timer | None = None
+        self.previous_fd = -1
+        self.read_fd = self.write_fd = -1
+
+    def start(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)  # set_wakeup_fd requires it
+        self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="mpslaunch-grace", daemon=True).start()
+
+    def stop(self) -> None:
+        signal.set_wakeup_fd(self.previous_fd)
+        if self.timer is not None:
+            self.timer.cancel()
+        os.close(self.write_fd)  # the watcher reads end-of-file and returns
+
+    def _watch(self) -> None:
+        with os.fdopen(self.read_fd, "rb", buffering=0) as pipe:
+            while byte := pipe.read(1):
+                if byte[0] in STOPPING_SIGNALS:
+                    self._stopping()
+
+    def _stopping(self) -> None:
+        self.stops += 1
+        if self.stops == 1:
+            self.timer = threading.Timer(self.grace_seconds, kill_ranks)
+            self.timer.daemon = True
+            self.timer.start()
+        else:
+            kill_ranks()  # a second Ctrl-C means now
+
+
+def kill_ranks() -> list[int]:
+    """SIGKILL every rank's process group; torch's agent reaps them as they end."""
     pids = rank_pids()
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    return pids
+
+
+def sweep() -> list[int]:
+    """SIGKILL every rank (and its process group) still alive, reap it; return their pids."""
+    pids = kill_ranks()
     for pid in pids:
         try:
             os.waitpid(pid, 0)
