@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 
 from mpslaunch import machine as machine_probe
@@ -61,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     check_target(request)
-    if args.grace_period < 0:
-        raise MpslaunchError("--grace_period must be 0 or more seconds")
+    if not 0 <= args.grace_period <= threading.TIMEOUT_MAX:  # also refuses nan
+        raise MpslaunchError(f"--grace_period must be from 0 to {threading.TIMEOUT_MAX:.0f} "
+                             f"seconds, not {args.grace_period}")
     profile, _ = profiles.load_active(args.config_file, args.profile)
     plan = resolve(profile, request, machine_probe.probe(), os.environ)
     if args.dry_run:

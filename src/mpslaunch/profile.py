@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -79,10 +80,10 @@ def check_value(key: str, value: Any) -> str | None:
     """Why `value` is not allowed for `key`, or None. Shared by files, flags and the questionnaire."""
     if not _has_type(value, _KEY_TYPES[key]):
         wanted = " or ".join("null" if t is type(None) else t.__name__ for t in _KEY_TYPES[key])
-        return f"must be {wanted}, not {_type_name(value)} {value!r}"
+        return f"must be {wanted}, not {_type_name(value)}{_quoted(value)}"
     choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS}
     if key in choices and value not in choices[key]:
-        return f"must be one of {', '.join(choices[key])}, not {value!r}"
+        return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
     if key in ("num_processes", "num_machines") and value < 1:
         return f"must be 1 or more, not {value}"
     if key in ("machine_rank", "max_restarts") and value < 0:
@@ -118,6 +119,18 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _quoted(value: Any) -> str:
+    """The value as a message may quote it: scalars only, cut short. A list or mapping is not
+    quoted: through YAML aliases a few hundred bytes can name billions of items."""
+    if isinstance(value, (list, dict, set, tuple)):
+        return ""
+    return " " + _cut(repr(value))
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -132,7 +145,7 @@ def load(path: Path) -> Profile:
         if key in values:
             raise MpslaunchError(f"{where}: {key} is set twice; keep one")
         if key not in KNOWN_KEYS:
-            raise MpslaunchError(f"{where}: unknown key {key!r}{_suggestion(key)}; "
+            raise MpslaunchError(f"{where}: unknown key {_cut(repr(key))}{_suggestion(key)}; "
                                  f"known keys: {', '.join(KNOWN_KEYS)}")
         value = _construct(value_node, path)
         problem = check_value(key, value)
@@ -150,10 +163,20 @@ def _read_text(path: Path) -> str:
     try:
         if path.is_dir():
             raise MpslaunchError(f"{path} is a folder; give the path of a profile .yaml file")
-        if path.stat().st_size > MAX_PROFILE_BYTES:
-            raise MpslaunchError(f"{path} is {path.stat().st_size:,} bytes, far too big for a "
-                                 "profile; point to the right file or make a new one with `mpslaunch config`")
-        return path.read_text(encoding="utf-8")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; then only a regular file is read
+        # (/dev/zero has size 0 and never ends), and never more than MAX_PROFILE_BYTES + 1.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(descriptor, "rb") as stream:
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode):
+                raise MpslaunchError(f"{path} is not a regular file; give the path of a profile "
+                                     ".yaml file")
+            data = stream.read(MAX_PROFILE_BYTES + 1)
+        if len(data) > MAX_PROFILE_BYTES:
+            raise MpslaunchError(f"{path} is {max(status.st_size, len(data)):,} bytes, far too big "
+                                 "for a profile; point to the right file or make a new one with "
+                                 "`mpslaunch config`")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise MpslaunchError(f"no profile at {path}; make one with `mpslaunch config`") from None
     except UnicodeDecodeError:
@@ -189,6 +212,9 @@ def _construct(node: "yaml.Node", path: Path) -> Any:
     constructor = yaml.SafeLoader("")
     try:
         return constructor.construct_object(node, deep=True)
+    except RecursionError:  # shallow enough for the composer, too deep for the constructor
+        raise MpslaunchError(f"{path}, line {node.start_mark.line + 1}: nested far too deeply "
+                             "to be a profile value") from None
     except yaml.YAMLError as error:
         raise MpslaunchError(f"{path}, line {node.start_mark.line + 1}: {_one_line(error)}") from None
 
@@ -197,7 +223,7 @@ def _one_line(error: Exception) -> str:
     problem = getattr(error, "problem", None) or str(error)
     mark = getattr(error, "problem_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-    return " ".join(f"{problem}{where}".split())
+    return _cut(" ".join(problem.split()), 200) + where
 
 
 def _suggestion(key: str) -> str:
