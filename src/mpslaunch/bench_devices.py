@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import subprocess
 
 import torch
 
@@ -174,4 +175,23 @@ def describe(device: str) -> str:
         return torch.cuda.get_device_name()
     if device == "mps":
         return f"Apple GPU (macOS {platform.mac_ver()[0] or '?'})"
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return f"{_cpu_name()}, {torch.get_num_threads()} threads"
+
+
+def _cpu_name() -> str:
+    try:  # Linux
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":  # "Apple M2 Pro"
+        try:
+            done = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                  capture_output=True, text=True, timeout=5)
+            if done.returncode == 0 and done.stdout.strip():
+                return done.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return platform.processor() or platform.machine()

@@ -196,7 +196,8 @@ def _table_cells(r: Result, speedup: float | None) -> tuple[str, ...]:
     first = (r.workload, r.dtype, f"{SIZE_LABEL.get(r.workload, '')}={r.size}", r.device)
     if r.timing is None:
         return (*first, r.status if not r.note else f"{r.status}: {r.note}")
-    spread = f"{100 * r.timing.iqr_s / r.timing.median_s:.0f}%"
+    relative = 100 * r.timing.iqr_s / r.timing.median_s
+    spread = f"{relative:.0f}%" if relative < 1000 else ">999%"
     return (
         *first,
         format_seconds(r.timing.median_s),
@@ -222,20 +223,22 @@ def write_png(results: list[Result], environment: dict[str, object], path: Path)
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r.workload for r in results))
-    figure, axes = plt.subplots(
-        len(workloads), 2, figsize=(11, 3.8 * len(workloads)), squeeze=False
-    )
     speedup = speedups(results)
+    columns = 2 if speedup else 1  # cpu only: no speedup panels to draw
+    figure, axes = plt.subplots(
+        len(workloads), columns, figsize=(5.5 * columns, 3.8 * len(workloads)), squeeze=False
+    )
     # One color per device and dtype, the same in every panel.
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     keys = list(dict.fromkeys((r.device, r.dtype) for r in results))
     colors = {key: palette[i % len(palette)] for i, key in enumerate(keys)}
     for row, workload in enumerate(workloads):
         mine = [r for r in results if r.workload == workload]
+        sizes = sorted({r.size for r in mine})
         _plot_times(axes[row][0], workload, mine, colors)
-        _plot_speedups(axes[row][1], workload, mine, speedup, colors)
-        for ax in axes[row]:
-            _label_sizes(ax, workload, sorted({r.size for r in mine}))
+        _label_sizes(axes[row][0], workload, sizes)
+        if columns == 2:
+            _plot_speedups(axes[row][1], workload, mine, speedup, colors, sizes)
     figure.suptitle(f"mpslaunch bench | {_environment_line(environment)}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -276,9 +279,8 @@ def _plot_times(ax, workload: str, results: list[Result], colors: dict) -> None:
         ax.legend(fontsize=8)
 
 
-def _plot_speedups(
-    ax, workload: str, results: list[Result], speedup: dict[int, float], colors: dict
-) -> None:
+def _plot_speedups(ax, workload: str, results: list[Result], speedup: dict[int, float],
+                   colors: dict, sizes: list[int]) -> None:
     for (device, dtype), points in _series(results).items():
         points = [r for r in points if id(r) in speedup]
         if points:
@@ -286,10 +288,12 @@ def _plot_speedups(
                     color=colors[(device, dtype)], label=f"{device} {dtype}")
     ax.set_title(f"{workload}: speedup over cpu")
     if ax.get_legend_handles_labels()[0]:
+        _label_sizes(ax, workload, sizes)
         ax.set_yscale("log")
         ax.set_ylabel("cpu time / accelerator time")
         ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no accelerator measured against cpu", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no accelerator and cpu result\nat the same sizes", ha="center",
+                va="center", transform=ax.transAxes)
