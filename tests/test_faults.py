@@ -304,7 +304,8 @@ print(json.dumps({"codes": codes, "before": before, "after": after, "children_af
 
 
 def in_process(tmp_path: Path, argv: list[str], marker: str | None = None, send: int | None = None,
-               ready: Path | None = None, **config) -> dict:
+               ready: Path | list[Path] | None = None, **config) -> dict:
+    """Run IN_PROCESS; with `send`, signal it once every `ready` file is there; its report."""
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmpdir")}
     if marker:
         env[MARKER] = marker
@@ -312,7 +313,8 @@ def in_process(tmp_path: Path, argv: list[str], marker: str | None = None, send:
     harness = subprocess.Popen([sys.executable, "-c", IN_PROCESS, json.dumps({"argv": argv, **config})],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if send is not None:
-        wait_for(ready)
+        for path in ready if isinstance(ready, list) else [ready]:
+            wait_for(path, timeout=60)
         harness.send_signal(send)
     stdout, stderr = harness.communicate(timeout=120)
     assert harness.returncode == 0, stderr[-3000:]
