@@ -94,7 +94,7 @@ def test_signal_to_the_launcher_reaches_both_ranks_and_nothing_survives(tmp_path
         assert launcher.returncode == 7, stderr
         assert "exited with code 7" in stderr
     assert "Traceback" not in stderr
-    assert survivors(marker, settle=3) == []  # both ranks and both helpers
+    assert survivors(marker, settle=2) == []  # both ranks and both helpers
 
 
 def test_after_a_stopped_2_process_run_the_launcher_process_is_as_it_was(tmp_path, marker):
@@ -106,7 +106,7 @@ def test_after_a_stopped_2_process_run_the_launcher_process_is_as_it_was(tmp_pat
     assert report["codes"] == [128 + signal.SIGINT]
     assert report["children_after"] == []
     assert report["after"]["handlers"] == report["before"]["handlers"]
-    assert survivors(marker, settle=3) == []
+    assert survivors(marker, settle=2) == []
 
 
 @HELPERS_OF_EXITED_RANKS_SURVIVE
@@ -116,7 +116,7 @@ def test_nothing_a_rank_started_outlives_a_successful_run(tmp_path, marker):
     result = subprocess.run([sys.executable, "-m", "mpslaunch", *TWO_CPU_RANKS, str(script)],
                             capture_output=True, text=True, timeout=90, env=run_env(marker))
     assert result.returncode == 0, result.stderr
-    assert survivors(marker, settle=3) == []
+    assert survivors(marker, settle=2) == []
 
 
 def listeners(marker: str) -> set[tuple[str, int]]:
