@@ -26,7 +26,8 @@ torchrun's variables for several processes). Run directly with python, `--cpu` a
 Speed. Workers decode with torchvision.io and augment uint8 tensors with transforms.v2
 (RandomResizedCrop, horizontal flip); batches travel as uint8 (4x less than float) and are
 normalised on the device. DataLoader workers are persistent and prefetch; `--num_workers`
-defaults to the CPUs available to this process, shared among the local processes. Memory is
+defaults to the CPUs available to this process, shared among the local processes (one worker
+when training on the CPU, whose cores torch's own threads already use). Memory is
 pinned only for CUDA; channels_last is used on CUDA and CPU (it slows convolutions' backward
 on MPS); cuDNN autotuning on CUDA (the training batches all have one shape: the last, smaller
 batch is dropped). Mixed precision is the launcher's choice (autocast through Accelerate).
@@ -142,7 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image_size", type=positive_int, default=224)
     parser.add_argument("--lr", type=float, default=3e-3, help="peak of the one-cycle schedule")
     parser.add_argument("--num_workers", type=non_negative_int, default=None,
-                        help="DataLoader workers per process (default: CPUs / local processes)")
+                        help="DataLoader workers per process (default: CPUs / local processes; "
+                             "1 on the CPU device)")
     parser.add_argument("--seed", type=int, default=42,
                         help="fixes the split, the initial weights, the order and augmentation")
     parser.add_argument("--checkpointing_steps", type=checkpointing_steps, default=None,
@@ -215,6 +217,14 @@ def find_images(data_dir: Path) -> tuple[list[tuple[Path, str]], list[Path]]:
         found = f"only the class {classes[0]!r}" if classes else "no readable image"
         raise InputError(f"found {found} in {data_dir}; a classifier needs at least two classes")
     return readable, skipped
+
+
+def check_batch_fits(num_train: int, batch_size: int, processes: int) -> None:
+    """The last, smaller batch is dropped: a set smaller than a batch per process trains on
+    nothing."""
+    if num_train // batch_size < processes:
+        raise InputError(f"--batch_size {batch_size} x {processes} process(es) is more than the "
+                         f"{num_train} training images; use a smaller --batch_size or more images")
 
 
 def split_train_eval(samples: list, seed: int) -> tuple[list, list]:
@@ -320,7 +330,14 @@ def ignore_interrupts(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def default_num_workers() -> int:
+def default_num_workers(device: torch.device) -> int:
+    """All the CPUs for an accelerator; one worker when the CPU itself trains.
+
+    Training on the CPU, torch's threads already use every core; more workers than one would
+    fight them for cores, and OpenMP's waiting threads make that much slower, not a bit.
+    """
+    if device.type == "cpu":
+        return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return max(1, (cpus or 1) // local_processes)
@@ -356,21 +373,25 @@ def replace_classifier(model: torch.nn.Module, num_classes: int, name: str) -> N
     model.set_submodule(path, torch.nn.Linear(last.in_features, num_classes))
 
 
-def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
-    known = torchvision.models.list_models(module=torchvision.models)
-    if name not in known:
+def check_model_choice(name: str, pretrained: bool) -> None:
+    """A known classification model, and its weights in the cache when --pretrained."""
+    if name not in torchvision.models.list_models(module=torchvision.models):
         raise InputError(f"unknown --model {name!r}; use a torchvision classification model, "
                          "e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
+    if pretrained:
+        cached = cached_weights_file(torchvision.models.get_model_weights(name).DEFAULT)
+        if not cached.is_file():
+            raise InputError(
+                f"--pretrained: torchvision's {name} weights are not cached ({cached} is "
+                "missing) and nothing is downloaded at run time; fetch them once with: python -c "
+                f"\"import torchvision; torchvision.models.get_model('{name}', weights='DEFAULT')\"")
+
+
+def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
+    check_model_choice(name, pretrained)
     if not pretrained:
         return torchvision.models.get_model(name, num_classes=num_classes)
-    weights = torchvision.models.get_model_weights(name).DEFAULT
-    cached = cached_weights_file(weights)
-    if not cached.is_file():
-        raise InputError(
-            f"--pretrained: torchvision's {name} weights are not cached ({cached} is missing) "
-            "and nothing is downloaded at run time; fetch them once with: python -c "
-            f"\"import torchvision; torchvision.models.get_model('{name}', weights='DEFAULT')\"")
-    model = torchvision.models.get_model(name, weights=weights)
+    model = torchvision.models.get_model(name, weights="DEFAULT")  # read from the cache
     replace_classifier(model, num_classes, name)
     return model
 
@@ -551,19 +572,16 @@ class Trainer:
         self.skipped_files = list(skipped_files)
         self.undecodable_files: set[str] = set()
         self.num_classes = len(classes)
-        workers = args.num_workers if args.num_workers is not None else default_num_workers()
+        workers = args.num_workers
+        if workers is None:
+            workers = default_num_workers(self.device)
         pin = self.device.type == "cuda"
         self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size)
         self.eval_set = ImageFiles(evals, eval_transform(args.image_size), args.image_size)
         self.sampler = EpochShuffle(len(self.train_set), args.seed)
+        # drop_last keeps every training batch one shape (cuDNN autotunes once).
         train_loader = make_loader(self.train_set, args.batch_size, workers, pin,
                                    sampler=self.sampler, drop_last=True)
-        # drop_last keeps every training batch one shape (cuDNN autotunes once); so a
-        # training set smaller than one batch per process would train on nothing.
-        if len(train_loader) < accelerator.num_processes:
-            raise InputError(f"--batch_size {args.batch_size} x {accelerator.num_processes} "
-                             f"process(es) is more than the {len(self.train_set)} training "
-                             "images; use a smaller --batch_size or more images")
         eval_loader = make_loader(self.eval_set, args.batch_size, workers, pin)
         set_seed(args.seed)
         model = build_model(args.model, self.num_classes, args.pretrained)
@@ -606,7 +624,6 @@ class Trainer:
     def run(self) -> int:
         """Train all epochs; returns the exit code (0, or 128+N after a stop signal)."""
         self.stop.install()
-        self.announce()
         for epoch in range(self.position.epoch, self.args.num_epochs):
             if not self.train_one_epoch(epoch):
                 return self.save_and_stop()
@@ -760,11 +777,18 @@ def is_main_rank() -> bool:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        # Everything that can be checked cheaply is checked before any device is touched.
         samples, skipped = find_images(args.data_dir)
+        check_model_choice(args.model, args.pretrained)
+        checkpoint_to_resume(args)
+        # WORLD_SIZE: torchrun's process count, which Accelerator() reads too.
+        check_batch_fits(len(split_train_eval(samples, args.seed)[0]), args.batch_size,
+                         int(os.environ.get("WORLD_SIZE", "1")))
         accelerator = make_accelerator(args)
         if accelerator.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         trainer = Trainer(args, accelerator, samples, skipped)
+        trainer.announce()
         trainer.resume()
         args.output_dir.mkdir(parents=True, exist_ok=True)
         return trainer.run()

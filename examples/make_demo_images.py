@@ -3,6 +3,7 @@
     python examples/make_demo_images.py images                 # 1,797 JPEGs, Pet-style names
     python examples/make_demo_images.py images --layout folders  # one sub-folder per class
     python examples/make_demo_images.py images --count 300 --size 32 --format png
+    python examples/make_demo_images.py images --classes 2     # only zeros and ones
 
 The pictures are real: scikit-learn's "digits" data set (UCI ML hand-written digits: 1,797
 8x8 grey-scale scans of digits written by 43 people), which ships inside the scikit-learn
@@ -61,18 +62,22 @@ def file_path(out_dir: Path, label: str, number: int, layout: str, suffix: str) 
 
 
 def write_demo_images(out_dir: str | Path, *, count: int | None = None, size: int = 64,
-                      layout: str = "pet", file_format: str = "jpg", seed: int = 0) -> list[Path]:
-    """Write `count` digit pictures (all 1,797 when None) under out_dir; returns their paths."""
+                      classes: int = 10, layout: str = "pet", file_format: str = "jpg",
+                      seed: int = 0) -> list[Path]:
+    """Write `count` pictures of the digits 0..classes-1 (all of them when count is None)
+    under out_dir; returns their paths."""
     out_dir = Path(out_dir)
     scans, labels = load_digits()
+    wanted = labels < classes
+    scans, labels, numbers = scans[wanted], labels[wanted], wanted.nonzero().flatten()
     order = torch.randperm(len(scans), generator=torch.Generator().manual_seed(seed))
     chosen = order if count is None else order[:count]
     written = []
-    for number in sorted(chosen.tolist()):
-        label = DIGIT_NAMES[labels[number]]
-        path = file_path(out_dir, label, number, layout, file_format)
+    for row in sorted(chosen.tolist()):
+        label = DIGIT_NAMES[labels[row]]
+        path = file_path(out_dir, label, int(numbers[row]), layout, file_format)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encode(digit_picture(scans[number], size), file_format))
+        path.write_bytes(encode(digit_picture(scans[row], size), file_format))
         written.append(path)
     return written
 
@@ -90,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--count", type=positive_int, default=None,
                         help="how many images (default: all 1,797)")
     parser.add_argument("--size", type=positive_int, default=64, help="side in pixels (default 64)")
+    parser.add_argument("--classes", type=int, choices=range(2, 11), default=10, metavar="2..10",
+                        help="use the digits 0 .. classes-1 only (default: all ten)")
     parser.add_argument("--layout", choices=("pet", "folders"), default="pet",
                         help="pet: label_123.jpg in one folder; folders: label/123.jpg")
     parser.add_argument("--format", dest="file_format", choices=("jpg", "png"), default="jpg")
@@ -99,7 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    paths = write_demo_images(args.out_dir, count=args.count, size=args.size, layout=args.layout,
+    paths = write_demo_images(args.out_dir, count=args.count, size=args.size,
+                              classes=args.classes, layout=args.layout,
                               file_format=args.file_format, seed=args.seed)
     print(f"wrote {len(paths)} {args.size}x{args.size} digit images to {args.out_dir}")
 

@@ -1,0 +1,322 @@
+"""examples/cv_example.py end to end on the CPU: real JPEG/PNG files (scikit-learn's hand-written
+digits, written by examples/make_demo_images.py), real torch and Accelerate, a small torchvision
+model (squeezenet1_1, which has dropout, so resuming must restore the random state too) at tiny
+image sizes. Runs go through `python cv_example.py` and through `mpslaunch launch`.
+
+Each run uses one compute thread (OMP_NUM_THREADS=1): on a shared 2-core machine, two OpenMP
+threads plus DataLoader workers oversubscribe the cores and a run gets tens of times slower.
+Nothing here measures speed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "cv_example.py"
+TINY = ["--model", "squeezenet1_1", "--image_size", "24", "--batch_size", "4", "--cpu"]
+
+
+def load_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = load_module("make_demo_images")
+cv_example = load_module("cv_example")
+
+
+def child_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_example(*args, launcher: list[str] | None = None,
+                timeout: float = 180) -> subprocess.CompletedProcess:
+    command = ([sys.executable, "-m", "mpslaunch", "launch", *launcher] if launcher is not None
+               else [sys.executable]) + [str(EXAMPLE), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=child_env())
+
+
+def read_metrics(output_dir: Path) -> dict:
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def assert_ran(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def assert_trained(metrics: dict, *, epochs: int, images: int, processes: int) -> None:
+    assert metrics["epochs"] == epochs
+    assert len(metrics["eval_accuracy_per_epoch"]) == epochs
+    assert 0.0 <= metrics["eval_accuracy"] <= 1.0
+    assert metrics["eval_accuracy"] == metrics["eval_accuracy_per_epoch"][-1]
+    assert metrics["train_images"] + metrics["eval_images"] == images
+    assert metrics["eval_images"] == round(images * 0.2)
+    assert metrics["train_images_per_second"] > 0
+    assert metrics["device"] == "cpu"
+    assert metrics["mixed_precision"] == "no"
+    assert metrics["num_processes"] == processes
+    steps_per_epoch = metrics["train_images"] // metrics["batch_size"] // processes
+    assert metrics["global_step"] == epochs * steps_per_epoch
+
+
+@pytest.fixture(scope="module")
+def pet_images(tmp_path_factory) -> Path:
+    """200 digits as Label_123 files, with every suffix spelling the issue names."""
+    folder = tmp_path_factory.mktemp("pets")
+    paths = demo.write_demo_images(folder, count=200, size=24, seed=1)
+    for path, suffix in zip(paths[::4], [".JPG", ".jpeg", ".JPEG"] * 100):
+        path.rename(path.with_suffix(suffix))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(pet_images, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("uninterrupted")
+    result = run_example("--data_dir", pet_images, "--output_dir", output, "--num_epochs", 2,
+                         "--num_workers", 2, *TINY)
+    assert_ran(result)
+    return output
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_trains_on_pet_named_files_and_writes_metrics(uninterrupted_run):
+    metrics = read_metrics(uninterrupted_run)
+    assert_trained(metrics, epochs=2, images=200, processes=1)
+    assert metrics["model"] == "squeezenet1_1" and metrics["skipped_images"] == 0
+    weights = load_file(uninterrupted_run / "model.safetensors")
+    untrained = cv_example.build_model("squeezenet1_1", 10, pretrained=False).state_dict()
+    assert weights.keys() == untrained.keys()
+    assert not all(torch.equal(weights[k], untrained[k]) for k in weights if k.endswith("weight"))
+
+
+def test_folder_layout_of_pngs_through_the_launcher(tmp_path):
+    images = tmp_path / "images"
+    demo.write_demo_images(images, count=60, size=24, classes=3, layout="folders",
+                           file_format="png")
+    result = run_example("--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 1,
+                         *TINY, launcher=["--cpu"])
+    assert_ran(result)
+    assert_trained(read_metrics(tmp_path / "out"), epochs=1, images=60, processes=1)
+
+
+def test_two_cpu_processes_through_the_launcher(tmp_path):
+    images = tmp_path / "images"
+    demo.write_demo_images(images, count=50, size=24, classes=3)
+    result = run_example("--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 2,
+                         "--checkpointing_steps", "epoch", *TINY,
+                         launcher=["--cpu", "--num_processes", "2"])
+    assert_ran(result)
+    assert_trained(read_metrics(tmp_path / "out"), epochs=2, images=50, processes=2)
+    # 40 training images, 4 per batch, 2 processes: 5 steps per epoch, a checkpoint after each;
+    # every process saved its own random states.
+    checkpoints = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000005", "step_00000010"]
+    last = tmp_path / "out" / "checkpoints" / "step_00000010"
+    assert (last / "random_states_0.pkl").is_file() and (last / "random_states_1.pkl").is_file()
+
+
+def test_unreadable_and_truncated_images_are_skipped_with_a_warning(tmp_path):
+    images = tmp_path / "images"
+    paths = demo.write_demo_images(images, count=60, size=24, classes=3)
+    truncated = paths[:3]
+    for path in truncated:  # a real JPEG header, then the data stops
+        path.write_bytes(path.read_bytes()[:200])
+    (images / "three_9999.jpg").write_text("not an image at all")
+    result = run_example("--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 1,
+                         "--num_workers", 2, *TINY)
+    assert_ran(result)
+    assert "1 file(s) that are not JPEG or PNG images: " in result.stderr
+    assert "three_9999.jpg" in result.stderr
+    assert "could not be decoded (corrupt or truncated)" in result.stderr
+    named = {path.name for path in truncated if path.name in result.stderr}
+    assert named == {path.name for path in truncated}
+    metrics = read_metrics(tmp_path / "out")
+    assert metrics["skipped_images"] == 4
+    assert metrics["train_images"] + metrics["eval_images"] == 60  # truncated ones still listed
+
+
+# ---------------------------------------------------------------- interrupt and resume
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, "finished before it could be interrupted"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def interrupt_mid_training(pet_images: Path, output: Path, send) -> subprocess.CompletedProcess:
+    """Start the uninterrupted run's twin, signal it once step 3's checkpoint exists."""
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--data_dir", str(pet_images), "--output_dir", str(output),
+         "--num_epochs", "2", "--num_workers", "2", "--checkpointing_steps", "3", *TINY],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=child_env())
+    wait_for(output / "checkpoints" / "step_00000003", process)
+    send(process)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_resume_after_sigterm_ends_exactly_like_the_uninterrupted_run(
+        pet_images, uninterrupted_run, tmp_path):
+    stopped = interrupt_mid_training(pet_images, tmp_path,
+                                     lambda process: process.send_signal(signal.SIGTERM))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert not (tmp_path / "metrics.json").exists()
+    last = cv_example.latest_checkpoint(tmp_path)
+    stopped_at = int(last.name.split("_")[1])
+    total_steps = read_metrics(uninterrupted_run)["global_step"]
+    assert 3 <= stopped_at < total_steps  # really mid-training
+    assert f"stopped at step {stopped_at}" in stopped.stdout
+
+    resumed = run_example("--data_dir", pet_images, "--output_dir", tmp_path, "--num_epochs", 2,
+                          "--num_workers", 2, "--resume_from_checkpoint", "latest", *TINY)
+    assert_ran(resumed)
+    assert f"step {stopped_at}" in resumed.stdout
+    expected, got = read_metrics(uninterrupted_run), read_metrics(tmp_path)
+    assert got["global_step"] == expected["global_step"]
+    assert got["eval_accuracy_per_epoch"] == expected["eval_accuracy_per_epoch"]
+    reference = load_file(uninterrupted_run / "model.safetensors")
+    weights = load_file(tmp_path / "model.safetensors")
+    different = [name for name in reference if not torch.equal(reference[name], weights[name])]
+    assert different == []
+
+
+def test_ctrl_c_to_the_whole_process_group_saves_a_checkpoint(pet_images, tmp_path):
+    """A terminal sends SIGINT to the DataLoader workers too; they must leave it to the trainer."""
+    stopped = interrupt_mid_training(
+        pet_images, tmp_path, lambda process: os.killpg(process.pid, signal.SIGINT))
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    last = cv_example.latest_checkpoint(tmp_path)
+    assert (last / "model.safetensors").is_file() and (last / "random_states_0.pkl").is_file()
+    assert not list((tmp_path / "checkpoints").glob("*.partial"))
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def write_images(folder: Path, names: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = demo.write_demo_images(folder / "_src", count=len(names), size=16)
+    for path, name in zip(paths, names):
+        path.rename(folder / name)
+    (folder / "_src").rmdir()
+    return folder
+
+
+BAD_INPUTS = {
+    "missing data_dir": (lambda tmp: ["--data_dir", tmp / "nowhere"], "does not exist"),
+    "empty data_dir": (lambda tmp: ["--data_dir", (tmp / "empty").mkdir() or tmp / "empty"],
+                       "is empty"),
+    "no image matches": (
+        lambda tmp: ["--data_dir", write_images(tmp / "d", ["cat.jpg", "dog.png", "notes.txt"])],
+        "match either layout"),
+    "single class": (
+        lambda tmp: ["--data_dir", write_images(tmp / "d", ["cat_1.jpg", "cat_2.JPG", "cat_3.png"])],
+        "only the class 'cat'"),
+    "image_size 0": (lambda tmp: ["--data_dir", tmp, "--image_size", "0"], "--image_size"),
+    "negative batch_size": (lambda tmp: ["--data_dir", tmp, "--batch_size", "-4"], "--batch_size"),
+    "bad checkpointing_steps": (lambda tmp: ["--data_dir", tmp, "--checkpointing_steps", "often"],
+                                "'epoch' or a number"),
+    "unknown model": (
+        lambda tmp: ["--data_dir", write_images(tmp / "d", ["a_1.jpg", "b_1.jpg"]),
+                     "--model", "resnet_9000"], "unknown --model 'resnet_9000'"),
+    "missing checkpoint": (
+        lambda tmp: ["--data_dir", write_images(tmp / "d", ["a_1.jpg", "b_1.jpg"]),
+                     "--resume_from_checkpoint", tmp / "no_such_step"], "no such checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_code_2(case, tmp_path, capsys):
+    make_args, expected = BAD_INPUTS[case]
+    assert cv_example.main([str(a) for a in make_args(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("cv_example: error: ") and err.count("\n") == 1, err
+    assert expected in err
+
+
+def test_pretrained_without_cached_weights_says_how_to_get_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch_home"))  # no cached weights
+    images = write_images(tmp_path / "d", ["a_1.jpg", "b_1.jpg"])
+    assert cv_example.main(["--data_dir", str(images), "--pretrained"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not cached" in err and "weights='DEFAULT'" in err
+    assert not (tmp_path / "empty_torch_home" / "hub" / "checkpoints").exists()  # no download
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
+    result = run_example("--data_dir", tmp_path / "nowhere", "--cpu")
+    assert result.returncode == 2
+    assert result.stderr.startswith("cv_example: error: --data_dir")
+    assert result.stderr.count("\n") == 1
+
+
+def test_batch_larger_than_the_training_set_is_an_input_error(tmp_path, capsys):
+    images = tmp_path / "d"
+    demo.write_demo_images(images, count=10, size=16, classes=2)
+    assert cv_example.main(["--data_dir", str(images), "--batch_size", "9"]) == 2
+    assert capsys.readouterr().err == ("cv_example: error: --batch_size 9 x 1 process(es) is more "
+                                       "than the 8 training images; use a smaller --batch_size "
+                                       "or more images\n")
+    with pytest.raises(cv_example.InputError, match="x 2 process"):
+        cv_example.check_batch_fits(num_train=8, batch_size=5, processes=2)
+    cv_example.check_batch_fits(num_train=8, batch_size=4, processes=2)
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def test_pet_names_label_is_everything_before_the_last_number(tmp_path):
+    names = ["american_bulldog_12.jpg", "Abyssinian_3.JPEG", "great_pyrenees_7_100.png",
+             "._american_bulldog_13.jpg", "nonumber.jpg", "notes_1.txt"]
+    found = cv_example.pet_layout([tmp_path / name for name in names])
+    assert [(p.name, label) for p, label in found] == [
+        ("american_bulldog_12.jpg", "american_bulldog"), ("Abyssinian_3.JPEG", "Abyssinian"),
+        ("great_pyrenees_7_100.png", "great_pyrenees_7")]
+
+
+def test_split_is_80_20_and_fixed_by_the_seed():
+    samples = list(range(101))
+    train, evals = cv_example.split_train_eval(samples, seed=7)
+    assert len(evals) == 20 and sorted(train + evals) == samples
+    assert cv_example.split_train_eval(samples, seed=7) == (train, evals)
+    assert cv_example.split_train_eval(samples, seed=8) != (train, evals)
+
+
+def test_augmentation_depends_only_on_seed_epoch_and_image(tmp_path):
+    paths = demo.write_demo_images(tmp_path, count=12, size=32)
+    dataset = cv_example.ImageFiles([(p, 0) for p in paths], cv_example.train_transform(16), 16)
+    sampler = cv_example.EpochShuffle(len(dataset), seed=3)
+    sampler.set_epoch(1)
+    draws = list(sampler)
+    first = [dataset[item][0] for item in draws]
+    torch.manual_seed(12345)  # whatever the process RNG holds, the same images come out
+    again = [dataset[item][0] for item in reversed(draws)][::-1]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    sampler.set_epoch(2)
+    assert list(sampler) != draws
