@@ -16,7 +16,7 @@ On the GPU machine, from the repo root (questionary/platformdirs need not be ins
 
 A CPU smoke test of the same code paths (tiny sizes, gloo):
 
-    python benchmarks/ddp_scaling.py --cpu --image-size 32 --batch-size 4 --steps 3 --warmup 1
+    python benchmarks/ddp_scaling.py --cpu --image-size 32 --batch-size 8 --steps 4 --warmup 2 --batches 1
 
 Exit code 0 when both runs are correct (the ratio is reported, not judged); 1 otherwise.
 """
@@ -203,7 +203,8 @@ def parameters_equal_everywhere(accelerator, model) -> bool:
 
 def describe_run(accelerator, images_per_s: float, losses: list, replicas_equal: bool) -> dict:
     losses = [float(loss) for loss in losses]  # one device sync here, after timing
-    head, tail = losses[:5], losses[-5:]
+    window = max(1, min(5, len(losses) // 2))  # mean of the first and of the last few steps
+    head, tail = losses[:window], losses[-window:]
     loss_first, loss_last = sum(head) / len(head), sum(tail) / len(tail)
     several = accelerator.num_processes > 1
     kind = str(accelerator.distributed_type).split(".")[-1]
