@@ -178,6 +178,12 @@ def test_more_cpu_processes_than_cores_is_a_warning_not_an_error():
     assert plan.warnings and "share 2 CPU cores" in plan.warnings[0]
 
 
+def test_far_more_cpu_processes_than_cores_is_refused():
+    assert plan_for("linux_cpu", cpu=True, num_processes=8).num_processes == 8
+    assert "use at most 8" in refusal("linux_cpu", cpu=True, num_processes=9)
+    assert "use at most 8" in refusal("linux_cpu", cpu=True, num_processes=100_000)
+
+
 def test_several_machines_need_the_main_address():
     assert "main_process_ip" in refusal("linux_8gpu", num_machines=2)
     assert "machine_rank 2 must be below" in refusal(

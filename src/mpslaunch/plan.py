@@ -21,6 +21,8 @@ from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
 _DEFAULT_HIGH_WATERMARK = 1.7
 _DEFAULT_LOW_WATERMARK = 1.4
 _WATERMARK_UPPER_BOUND = 2.0  # what torch allows when the high ratio is 0.0 ("no limit")
+# Above cores, CPU processes only slow each other down; far above, they exhaust memory.
+CPU_PROCESSES_PER_CORE = 4
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,12 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
             f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
             "for several CPU processes, or a machine with several NVIDIA GPUs")
+    most_cpu_processes = CPU_PROCESSES_PER_CORE * machine.cpu_count
+    if device == "cpu" and settings.num_processes > most_cpu_processes:
+        raise MpslaunchError(
+            f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
+            f"would thrash the machine (each process holds a model copy); use at most "
+            f"{most_cpu_processes}, usually no more than {machine.cpu_count}")
     gpus = len(machine.cuda_devices)
     if device == "cuda" and settings.num_processes > gpus:
         raise MpslaunchError(
