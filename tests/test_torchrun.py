@@ -80,6 +80,12 @@ def start_launcher(folder: Path, script: Path, *extra: str, marker: str):
     return launcher
 
 
+@pytest.fixture(autouse=True)
+def temporary_folder(tmp_path, monkeypatch):
+    """Failed runs keep their temporary log folder: keep those inside tmp_path."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
 @pytest.fixture
 def marker() -> str:
     return f"MPSLAUNCH_TEST_MARKER=run-{uuid.uuid4().hex}"
@@ -150,6 +156,31 @@ dist.destroy_process_group()
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if "LISTENING" in line)
     assert json.loads(line.split("LISTENING", 1)[1]) == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_machines_meet_through_torchruns_rendezvous(tmp_path, backend):
+    """Two launchers on this computer play machine 0 and machine 1, one rank each."""
+    script = write_script(tmp_path, "meet.py", """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+print("MET", dist.get_rank(), dist.get_world_size(), total.item())
+dist.destroy_process_group()
+""")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "mpslaunch", "launch", "--cpu", "--num_machines", "2",
+         "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port",
+         str(port), "--rdzv_backend", backend, str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [launcher.communicate(timeout=90) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0, 0], outputs
+    met = sorted(line.split(" ", 1)[1] for out, _ in outputs for line in out.splitlines())
+    assert met == ["MET 0 2 3.0", "MET 1 2 3.0"]
 
 
 # ---------------------------------------------------------------- failures

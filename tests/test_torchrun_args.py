@@ -132,6 +132,11 @@ def test_users_own_settings_are_kept():
     assert not {"OMP_NUM_THREADS", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} & set(env)
 
 
+def test_one_process_a_machine_keeps_the_default_threads():
+    plan = plan_for(num_processes=1, num_machines=2, main_process_ip="10.1.2.3")
+    assert "OMP_NUM_THREADS" not in launcher_environment(plan, rendezvous_for(plan, "r"), {})
+
+
 def test_several_machines_leave_the_network_interfaces_alone():
     plan = plan_for(num_processes=2, num_machines=2, main_process_ip="10.1.2.3")
     env = launcher_environment(plan, rendezvous_for(plan, "r"), {})

@@ -14,8 +14,7 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
   --rdzv_backend static|c10d, --max_restarts map onto torchrun's options (torchrun_args).
 - Console: every line of every rank, prefixed `[rankN] ` (torchrun's --tee 3). --log_dir DIR:
   torch's per-rank files DIR/<run id>_*/attempt_<n>/<local rank>/{stdout,stderr}.log; without
-  it they go to a temporary folder that is removed after a successful run and kept (and named)
-  after a failure.
+  it they go to a temporary folder, kept only when a rank failed (the summary names the file).
 - Exit code: the first failing rank's own code, 128+N if signal N killed it; 128+N when signal N
   stopped the launcher. One summary line names the rank and its log files; torch's own log and
   error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher traceback is printed.
@@ -106,23 +105,22 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
     _line_buffered(sys.stdout)
     with LauncherSignals(grace_seconds) as signals, _LogFolder(plan.log_dir) as logs:
         try:
-            code = _launch(plan, rendezvous, env, logs.path, grace_seconds, signals)
+            code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
             code = 128 + stop.signum
             _say(stopped_summary(stop.signum))
         finally:
             signals.quiet()
             sweep()
-        logs.keep = code != 0
     return code
 
 
-def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], log_dir: str,
+def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
     elastic = _import_elastic()
     store = _loopback(rendezvous) if rendezvous.local else nullcontext(rendezvous.port)
     with _quiet_torch_logs(), _environment(env), store as port:
-        args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), log_dir))
+        args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
@@ -130,7 +128,8 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
-            failure = from_torch(*failed.get_first_failure(), log_dir, rendezvous.run_id)
+            failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
+            logs.keep = True  # the summary points into it
             _say(failure_summary(failure))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
@@ -212,12 +211,12 @@ def _quiet_torch_logs() -> Iterator[None]:
 
 
 class _LogFolder:
-    """--log_dir as given, else a temporary folder removed unless the run failed."""
+    """--log_dir as given, else a temporary folder, kept only when a failure summary names it."""
 
     def __init__(self, log_dir: str | None):
         self.given = log_dir
         self.path = ""
-        self.keep = True
+        self.keep = False
 
     def __enter__(self) -> "_LogFolder":
         self.path = self.given or tempfile.mkdtemp(prefix="mpslaunch-logs-")
