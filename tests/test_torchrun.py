@@ -138,6 +138,27 @@ print("STATE", accelerator.distributed_type, accelerator.num_processes, accelera
                       "[rank1] STATE DistributedType.MULTI_CPU 2 1 gloo cpu 2.0"]
 
 
+def test_console_lines_stay_whole_with_one_rank_prefix(tmp_path):
+    # torch's tailer reads whatever is in the file: half a line, when the rank pauses mid-line
+    # (longer than the tailer's 0.1 s poll), or between the writes of one print(a, b, c).
+    script = write_script(tmp_path, "chatty.py", """
+import os, time
+rank = os.environ["RANK"]
+for index in range(3):
+    print("slow", index, end="", flush=True)
+    time.sleep(0.3)
+    print(" from rank", rank)
+for index in range(300):
+    print("fast", index, "from", "rank", rank, "end")
+""")
+    result = run_cli(*TWO_CPU_RANKS, str(script), timeout=60)
+    assert result.returncode == 0, result.stderr
+    expected = {f"[rank{rank}] slow {index} from rank {rank}" for rank in (0, 1) for index in range(3)}
+    expected |= {f"[rank{rank}] fast {index} from rank {rank} end" for rank in (0, 1) for index in range(300)}
+    lines = result.stdout.splitlines()
+    assert set(lines) == expected and len(lines) == len(expected)
+
+
 def test_everything_of_a_one_machine_run_listens_on_the_loopback_only(tmp_path):
     script = write_script(tmp_path, "listeners.py", """
 import json, os, psutil, torch.distributed as dist

@@ -12,9 +12,10 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
 - One machine: everything listens on 127.0.0.1 only (torchrun_loopback); port 0 = a free port.
 - Several machines: --num_machines, --machine_rank, --main_process_ip, --main_process_port,
   --rdzv_backend static|c10d, --max_restarts map onto torchrun's options (torchrun_args).
-- Console: every line of every rank, prefixed `[rankN] ` (torchrun's --tee 3). --log_dir DIR:
-  torch's per-rank files DIR/<run id>_*/attempt_<n>/<local rank>/{stdout,stderr}.log; without
-  it they go to a temporary folder, kept only when a rank failed (the summary names the file).
+- Console: every line of every rank, prefixed `[rankN] ` (torchrun's --tee 3; torchrun_console
+  keeps the lines whole). --log_dir DIR: torch's per-rank files
+  DIR/<run id>_*/attempt_<n>/<local rank>/{stdout,stderr}.log; without it they go to a
+  temporary folder, kept only when a rank failed (the summary names the file).
 - Exit code: the first failing rank's own code, 128+N if signal N killed it; 128+N when signal N
   stopped the launcher. One summary line names the rank and its log files; torch's own log and
   error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher traceback is printed.
@@ -42,6 +43,7 @@ from typing import Iterator, Mapping
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.runner import exit_code
+from mpslaunch.torchrun_console import whole_rank_lines
 from mpslaunch.torchrun_args import (FREE_PORT, Rendezvous, arguments, launcher_environment,
                                      rank_environments, rendezvous_for)
 from mpslaunch.torchrun_outcome import failure_summary, from_torch, stopped_summary
@@ -117,15 +119,17 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
 
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
-    elastic = _import_elastic()
+    _check_torch_distributed()
     store = _loopback(rendezvous) if rendezvous.local else nullcontext(rendezvous.port)
     with _quiet_torch_logs(), _environment(env), store as port:
+        elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
         try:
-            elastic.launch(config, entrypoint)(*entry_args)
+            with whole_rank_lines():
+                elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
@@ -155,7 +159,7 @@ class _Elastic:
         self.ChildFailedError, self.SignalException = ChildFailedError, SignalException
 
 
-def _import_elastic() -> _Elastic:
+def _check_torch_distributed() -> None:
     try:
         import torch.distributed
     except ImportError:
@@ -164,7 +168,6 @@ def _import_elastic() -> _Elastic:
     if not torch.distributed.is_available():
         raise MpslaunchError(f"this torch build ({torch.__version__}) has no torch.distributed, "
                              "so it cannot run several processes; install an official torch wheel")
-    return _Elastic()
 
 
 def _loopback(rendezvous: Rendezvous):
