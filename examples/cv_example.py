@@ -26,8 +26,8 @@ torchrun's variables for several processes). Run directly with python, `--cpu` a
 Speed. Workers decode with torchvision.io and augment uint8 tensors with transforms.v2
 (RandomResizedCrop, horizontal flip); batches travel as uint8 (4x less than float) and are
 normalised on the device. DataLoader workers are persistent and prefetch; `--num_workers`
-defaults to the CPUs available to this process, shared among the local processes (none when
-training on the CPU, whose cores torch's own threads already use). Memory is
+defaults to the CPUs available to this process less one, shared among the local processes
+(none when training on the CPU, whose cores torch's own threads already use). Memory is
 pinned only for CUDA; channels_last is used on CUDA and CPU (it slows convolutions' backward
 on MPS); cuDNN autotuning on CUDA (the training batches all have one shape: the last, smaller
 batch is dropped). Mixed precision is the launcher's choice (autocast through Accelerate).
@@ -343,14 +343,17 @@ def default_num_workers(device: torch.device) -> int:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, (cpus or 1) // local_processes)
+    # One core per process stays free for the training loop itself (and its pin-memory thread).
+    return max(1, (cpus or 1) // local_processes - 1)
 
 
 def make_loader(dataset: Dataset, batch_size: int, num_workers: int, pin_memory: bool, *,
                 sampler: Sampler | None = None, drop_last: bool = False) -> DataLoader:
     workers = {}
     if num_workers > 0:
-        workers = dict(persistent_workers=True, prefetch_factor=4,
+        # About 8 batches in flight in all: enough to absorb slow images, without filling
+        # shared memory when there are many workers.
+        workers = dict(persistent_workers=True, prefetch_factor=max(2, 8 // num_workers),
                        worker_init_fn=ignore_interrupts)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
                       num_workers=num_workers, pin_memory=pin_memory,
