@@ -167,7 +167,8 @@ def pure_step_worker(args: argparse.Namespace) -> int:
     memory_format = cv.memory_format_for(device)
     model = cv.build_model(args.model, args.num_classes, pretrained=False)
     model = model.to(memory_format=memory_format)
-    optimizer, scheduler = cv.make_optimizer(model, peak_lr=3e-3, total_steps=10**7)
+    optimizer, scheduler = cv.make_optimizer(model, peak_lr=3e-3, total_steps=10**7,
+                                             device=device)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     normalize = cv.Normalizer(device, memory_format)
     size, batch = args.image_size, args.batch_size
@@ -302,14 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_scenario(args, "photos", photos, args.image_size, PET_CLASSES, epochs))
     if args.scenario in ("demo", "both"):
         demo_dir = args.demo_dir
-        if demo_dir is None:
-            try:
-                import sklearn  # noqa: F401
-            except ImportError:
-                print("[demo] skipped: scikit-learn is not installed (pass --demo_dir)")
-                demo_dir = None
-            else:
-                demo_dir = make_demo(args.data_root / "demo")
+        if demo_dir is None and importlib.util.find_spec("sklearn") is None:
+            print("[demo] skipped: scikit-learn is not installed here (or pass --demo_dir)")
+        elif demo_dir is None:
+            demo_dir = make_demo(args.data_root / "demo")
         if demo_dir is not None:
             rows.append(run_scenario(args, "demo", demo_dir, 64, 10,
                                      epochs * 5 if gpu else epochs))
