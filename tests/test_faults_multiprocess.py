@@ -68,13 +68,7 @@ def ready_files(folder: Path) -> list[Path]:
     return [folder / f"ready.{rank}" for rank in (0, 1)]
 
 
-HELPERS_OF_EXITED_RANKS_SURVIVE = pytest.mark.xfail(strict=True, reason=(
-    "a rank that exits on its own (any code) leaves the helpers it started running: torch reaps "
-    "the rank, and sweep() only finds ranks still alive, so their process groups are never killed"))
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
-                                    pytest.param(signal.SIGUSR1, marks=HELPERS_OF_EXITED_RANKS_SURVIVE)],
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1],
                          ids=lambda s: signal.Signals(s).name)
 def test_signal_to_the_launcher_reaches_both_ranks_and_nothing_survives(tmp_path, marker, signum):
     script = write_script(tmp_path, "wait.py", RANK_WAITS)
@@ -109,7 +103,6 @@ def test_after_a_stopped_2_process_run_the_launcher_process_is_as_it_was(tmp_pat
     assert survivors(marker, settle=2) == []
 
 
-@HELPERS_OF_EXITED_RANKS_SURVIVE
 def test_nothing_a_rank_started_outlives_a_successful_run(tmp_path, marker):
     """As on the single-process path (test_launch_cli: nothing the child started outlives the run)."""
     script = write_script(tmp_path, "spawner.py", "import subprocess; subprocess.Popen(['sleep', '120'])\n")
@@ -174,8 +167,6 @@ def test_one_machine_with_a_fixed_port_and_c10d_listens_on_the_loopback_only(tmp
     assert ("127.0.0.1", port) in found
 
 
-@pytest.mark.xfail(strict=True, reason="machine 0's rendezvous store listens on every interface "
-                   "('::'), not only on --main_process_ip: torch's TCPStore binds the wildcard")
 def test_two_machines_listen_only_on_the_address_the_user_gave(tmp_path, marker):
     """Two "machines" on this host (machine_rank 0 and 1, main_process_ip 127.0.0.1)."""
     port = free_port()

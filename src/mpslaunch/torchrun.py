@@ -9,7 +9,7 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus plan.env (MPSLAUNCH
 ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CPU (gloo) with
 --cpu and MULTI_GPU (nccl, one GPU per rank) on cuda. torch is imported only on this path.
 
-- One machine: everything listens on 127.0.0.1 only (torchrun_loopback); port 0 = a free port.
+- One machine: everything listens on 127.0.0.1 only (torchrun_store); port 0 = a free port.
 - Several machines: --num_machines, --machine_rank, --main_process_ip, --main_process_port,
   --rdzv_backend static|c10d, --max_restarts map onto torchrun's options (torchrun_args).
 - Console: every line of every rank, prefixed `[rankN] ` (torchrun's --tee 3; torchrun_console
@@ -47,7 +47,7 @@ from mpslaunch.torchrun_console import whole_rank_lines
 from mpslaunch.torchrun_args import (FREE_PORT, Rendezvous, arguments, launcher_environment,
                                      rank_environments, rendezvous_for)
 from mpslaunch.torchrun_outcome import failure_summary, from_torch, stopped_summary
-from mpslaunch.torchrun_signals import LauncherSignals, Stopped, sweep
+from mpslaunch.torchrun_signals import LauncherSignals, Stopped, adopt_orphans, sweep
 
 
 class LaunchFailed(MpslaunchError):
@@ -92,9 +92,13 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
             notes.append(f"rdzv_backend {plan.settings.rdzv_backend} is for several machines; "
                          "one machine uses a static rendezvous")
         return notes
+    notes = []
     if plan.settings.main_process_port == 0:
-        return [f"port 0 cannot be agreed between machines: using {rendezvous.port}"]
-    return []
+        notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
+    if rendezvous.backend == "static" and rendezvous.node_rank == 0:
+        notes.append(f"this machine hosts the rendezvous store, on {rendezvous.address} only when "
+                     "that is one of its addresses")
+    return notes
 
 
 # ---------------------------------------------------------------- running
@@ -105,7 +109,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
     rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
     env = launcher_environment(plan, rendezvous, os.environ)
     _line_buffered(sys.stdout)
-    with LauncherSignals(grace_seconds) as signals, _LogFolder(plan.log_dir) as logs:
+    with LauncherSignals(grace_seconds) as signals, adopt_orphans(), _LogFolder(plan.log_dir) as logs:
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
@@ -120,8 +124,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
     _check_torch_distributed()
-    store = _loopback(rendezvous) if rendezvous.local else nullcontext(rendezvous.port)
-    with _quiet_torch_logs(), _environment(env), store as port:
+    with _quiet_torch_logs(), _environment(env), _store(rendezvous) as port:
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
@@ -170,10 +173,15 @@ def _check_torch_distributed() -> None:
                              "so it cannot run several processes; install an official torch wheel")
 
 
-def _loopback(rendezvous: Rendezvous):
-    from mpslaunch.torchrun_loopback import loopback_store
+def _store(rendezvous: Rendezvous):
+    """Where the rendezvous store listens (torchrun_store); None of ours: torch's own."""
+    from mpslaunch.torchrun_store import machine0_store, store_on
 
-    return loopback_store(rendezvous.port)
+    if rendezvous.local:
+        return store_on(rendezvous.address, rendezvous.port)
+    if rendezvous.backend == "static" and rendezvous.node_rank == 0:
+        return machine0_store(rendezvous.address, rendezvous.port)
+    return nullcontext(rendezvous.port)
 
 
 @contextmanager

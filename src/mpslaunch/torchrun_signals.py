@@ -12,8 +12,9 @@ Who does what:
   rank's process group itself.
 - SIGUSR1, SIGUSR2: torch does not handle them (they would kill the launcher), so our handler
   forwards them to every rank (not to the ranks' helpers such as DataLoader workers).
-- After the run, `sweep()` SIGKILLs the process group of any rank still there and reaps it, so
-  no rank outlives the launcher.
+- After the run, `sweep()` SIGKILLs the process group of any rank still there, and on Linux of
+  the helpers that ranks which already exited left behind (`adopt_orphans`), and reaps them, so
+  nothing the ranks started outlives the launcher.
 
 The ranks are found as this process's children that lead their own process group: torch starts
 every rank with start_new_session=True, and the launcher process starts nothing else.
@@ -21,11 +22,16 @@ every rank with start_new_session=True, and the launcher process starts nothing 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from mpslaunch.runner import STOPPING_SIGNALS
 
@@ -133,21 +139,86 @@ def kill_ranks() -> list[int]:
 
 
 def sweep() -> list[int]:
-    """SIGKILL every rank (and its process group) still alive, reap it; return their pids."""
-    pids = kill_ranks()
-    for pid in pids:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass  # already reaped by torch's Popen
-    return pids
+    """SIGKILL what is left of the run and reap it; return the pids.
+
+    What is left: our children in a process group other than ours, that is the ranks (each
+    leads its own) and, on Linux, the helpers of ranks that already exited, which
+    `adopt_orphans` made our children. Each goes with its whole process group.
+    """
+    swept = []
+    for _ in range(10):  # killing a helper can orphan its own children to us: a few rounds
+        left = [(pid, pgid) for pid, pgid in children() if pgid != os.getpgrp()]
+        if not left:
+            break
+        for pid, pgid in left:
+            _kill_group(pgid)
+        _reap([pid for pid, _ in left])
+        swept += [pid for pid, _ in left]
+    return swept
 
 
-def rank_pids(parent: int | None = None) -> list[int]:
-    """Children of `parent` (default: us) that lead their own process group: the ranks."""
+@contextmanager
+def adopt_orphans() -> Iterator[None]:
+    """Linux: while the run lasts, what a rank leaves behind when it exits becomes our child
+    (PR_SET_CHILD_SUBREAPER) instead of init's, so `sweep` can find and end it. Elsewhere a
+    helper of a rank that exited on its own is not found."""
+    prctl = _prctl()
+    if prctl is None:
+        yield
+        return
+    previous = ctypes.c_int(0)
+    prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous))
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_CHILD_SUBREAPER, previous.value)
+
+
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
+
+
+def _prctl():
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(pids: list[int], seconds: float = 5.0) -> None:
+    """Wait for SIGKILLed children, bounded: one stuck in the kernel (D state) cannot hang us."""
+    waiting, deadline = set(pids), time.monotonic() + seconds
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid  # already reaped by torch's Popen
+            if done:
+                waiting.discard(pid)
+        if waiting:
+            time.sleep(0.01)
+
+
+def rank_pids() -> list[int]:
+    """Our children that lead their own process group: the ranks."""
+    return sorted(pid for pid, pgid in children() if pgid == pid)
+
+
+def children(parent: int | None = None) -> list[tuple[int, int]]:
+    """(pid, process group) of each child of `parent` (default: us)."""
     parent = os.getpid() if parent is None else parent
     table = _process_table_proc() if Path("/proc/self/stat").exists() else _process_table_ps()
-    return sorted(pid for pid, ppid, pgid in table if ppid == parent and pgid == pid)
+    return [(pid, pgid) for pid, ppid, pgid in table if ppid == parent]
 
 
 def _process_table_proc() -> list[tuple[int, int, int]]:
