@@ -98,6 +98,31 @@ def test_arguments_parse_with_torchs_own_parser():
     assert parsed.log_dir == "/tmp/l" and parsed.tee == "3"
 
 
+# The options of torch 2.11's torch.distributed.run (its usage text, read on the GPU machine):
+# the oldest torch this path is run with; it has no --log-line-prefix-template, for one.
+TORCH_2_11_OPTIONS = {
+    "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
+    "--standalone", "--max-restarts", "--monitor-interval", "--start-method", "--event-log-handler",
+    "--role", "--module", "--no-python", "--run-path", "--log-dir", "--redirects", "--tee",
+    "--local-ranks-filter", "--duplicate-stdout-filters", "--duplicate-stderr-filters",
+    "--node-rank", "--master-addr", "--master-port", "--local-addr", "--logs-specs",
+    "--numa-binding", "--signals-to-handle", "--virtual-local-rank",
+}
+
+
+@pytest.mark.parametrize("flags", [
+    {"num_processes": 2},
+    {"num_processes": 2, "num_machines": 2, "main_process_ip": "10.1.2.3", "max_restarts": 1},
+    {"num_processes": 2, "num_machines": 2, "main_process_ip": "10.1.2.3", "rdzv_backend": "c10d"},
+    {"num_processes": 2, "module": True, "target": "pkg.train"},
+])
+def test_only_options_that_torch_2_11_knows(flags):
+    plan = plan_for(**flags, target_args=("--not-ours", "1"))
+    args = arguments(plan, rendezvous_for(plan, "r"), log_dir="/logs")
+    ours = args[:len(args) - len(target_arguments(plan.command))]
+    assert {word for word in ours if word.startswith("--")} <= TORCH_2_11_OPTIONS
+
+
 def test_module_target_becomes_torchruns_module_flag():
     plan = plan_for(num_processes=2, target="pkg.train", module=True, target_args=("-m", "x"))
     assert target_arguments(plan.command) == ["--module", "pkg.train", "-m", "x"]

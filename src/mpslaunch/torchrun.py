@@ -44,8 +44,9 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.runner import exit_code
 from mpslaunch.torchrun_console import whole_rank_lines
-from mpslaunch.torchrun_args import (FREE_PORT, Rendezvous, arguments, launcher_environment,
-                                     rank_environments, rendezvous_for)
+from mpslaunch.torchrun_args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
+                                     arguments, launcher_environment, rank_environments,
+                                     rendezvous_for)
 from mpslaunch.torchrun_outcome import failure_summary, from_torch, stopped_summary
 from mpslaunch.torchrun_signals import LauncherSignals, Stopped, adopt_orphans, sweep
 
@@ -67,7 +68,8 @@ def describe(plan: LaunchPlan) -> str:
     lines = [
         plan.describe(),
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
-        "  " + shlex.join([python, "-m", "torch.distributed.run", *argv]),
+        f"  {LINE_PREFIX_VARIABLE}={shlex.quote(LINE_PREFIX)} "
+        + shlex.join([python, "-m", "torch.distributed.run", *argv]),
         "  each rank runs: " + shlex.join([python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
@@ -124,10 +126,12 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
     _check_torch_distributed()
-    with _quiet_torch_logs(), _environment(env), _store(rendezvous) as port:
+    with _quiet_torch_logs(), _environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
+            _store(rendezvous) as port:
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
+        config.log_line_prefix_template = LINE_PREFIX  # whatever this torch reads it from
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
         try:

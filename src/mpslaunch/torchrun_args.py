@@ -22,7 +22,9 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 29500  # torchrun's and Accelerate's default master port
 SHARED_RUN_ID = "mpslaunch"  # several machines must agree on it; one machine gets a unique one
 # Each console line of a rank starts with its global rank, like torchrun --tee with a prefix.
+# Through the environment: torch 2.11's torchrun has no --log-line-prefix-template option.
 LINE_PREFIX = "[rank${rank}] "
+LINE_PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 MONITOR_INTERVAL = "0.1"  # seconds between checks of the ranks (older torch defaulted to 5)
 FREE_PORT = "<free port>"  # what --dry-run shows before the port is picked
 
@@ -67,7 +69,7 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
     else:
         args += ["--rdzv-endpoint", f"{host}:{port}"]
     # --tee 3: both streams of every rank go to its log files and, prefixed, to the console.
-    args += ["--tee", "3", "--log-line-prefix-template", LINE_PREFIX]
+    args += ["--tee", "3"]
     if log_dir:
         args += ["--log-dir", log_dir]
     return args + target_arguments(plan.command)
