@@ -24,8 +24,12 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
   are forwarded to every rank. A grace period above 30 s needs a torch whose LaunchConfig has
   `shutdown_timeout` (2.14 has it; older ones SIGKILL after a fixed 30 s). When a rank fails,
   torch stops the others with SIGTERM and its own 30 s before SIGKILL, whatever the grace.
-- A launcher killed with SIGKILL cannot stop its ranks (torch starts them in sessions of their
-  own, without a parent-death signal); every other way of ending the launcher stops them.
+- Leftovers: after the run, whatever is left of the ranks is SIGKILLed and reaped, on Linux also
+  what a rank that exited left running (on macOS that is not found). A launcher killed with
+  SIGKILL cannot stop its ranks (torch starts them in sessions of their own, without a
+  parent-death signal); every other way of ending the launcher stops them.
+- torch versions: only options and fields that torch 2.11 has (the oldest seen on our machines)
+  are relied on; newer ones (shutdown_timeout) are used where present.
 """
 
 from __future__ import annotations
