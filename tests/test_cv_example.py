@@ -114,9 +114,10 @@ def test_folder_layout_of_pngs_through_the_launcher(tmp_path):
     demo.write_demo_images(images, count=60, size=24, classes=3, layout="folders",
                            file_format="png")
     result = run_example("--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 1,
-                         *TINY, launcher=["--cpu"])
+                         "--resume_from_checkpoint", "latest", *TINY, launcher=["--cpu"])
     assert_ran(result)
     assert_trained(read_metrics(tmp_path / "out"), epochs=1, images=60, processes=1)
+    assert "no checkpoint in" in result.stderr  # `latest` before any checkpoint: a fresh start
 
 
 def test_two_cpu_processes_through_the_launcher(tmp_path):
@@ -298,6 +299,15 @@ def test_pet_names_label_is_everything_before_the_last_number(tmp_path):
     assert [(p.name, label) for p, label in found] == [
         ("american_bulldog_12.jpg", "american_bulldog"), ("Abyssinian_3.JPEG", "Abyssinian"),
         ("great_pyrenees_7_100.png", "great_pyrenees_7")]
+
+
+@pytest.mark.parametrize("name, head", [("resnet18", "fc"), ("mobilenet_v3_small", "classifier.3"),
+                                        ("vit_b_16", "heads.head")])
+def test_pretrained_models_get_a_new_head_for_the_classes(name, head):
+    import torchvision
+    model = torchvision.models.get_model(name)  # 1000 ImageNet classes, random weights
+    cv_example.replace_classifier(model, 7, name)
+    assert model.get_submodule(head).out_features == 7
 
 
 def test_split_is_80_20_and_fixed_by_the_seed():
