@@ -10,7 +10,14 @@ For each scenario, in one run, side by side:
       eval excluded) and the rate of each epoch; time to the first step is measured from just
       before the launch command starts to the end of the first optimizer step.
 
+  (c) the data pipeline alone: cv_example's own prepared training loader (workers, decoding,
+      augmentation, pinning, copy to the device), iterated without training: how fast the data
+      could come if the training loop took no time.
+
   ratio = (b) / (a); the issue's target is >= 0.85 and a first step within 5 s of the launch.
+  (c) / (a) < 1 says the pipeline cannot feed this model on this machine's CPUs at all; (c) well
+  above (a) with (b) still low says the loop and the pipeline compete for the main process.
+  metrics.json's startup_s (printed below the table) says where the time to the first step went.
 
 Scenarios (the files are made here, no network):
   photos  Pet-sized JPEGs: 500x375 (some 375x500), quality 90, about 120 KB each, so decoding
@@ -90,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--pure_step_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--num_classes", type=int, default=PET_CLASSES, help=argparse.SUPPRESS)
+    parser.add_argument("--loader_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loader_data_dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--loader_epochs", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=None,
                         help="timed seconds of the pure step (default 10 on a GPU, 8 on the CPU)")
     return parser.parse_args(argv)
@@ -166,8 +176,6 @@ def pure_step_worker(args: argparse.Namespace) -> int:
     cv = load_example("cv_example")
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device = accelerator.device
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # as cv_example does
     memory_format = cv.memory_format_for(device)
     model = cv.build_model(args.model, args.num_classes, pretrained=False)
     model = model.to(memory_format=memory_format)
@@ -212,17 +220,64 @@ def pure_step_rate(args: argparse.Namespace, image_size: int, num_classes: int) 
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# ---------------------------------------------------------------- (c) the data pipeline alone
+
+
+def loader_worker(args: argparse.Namespace) -> int:
+    """Runs in its own process: cv_example's training loader, built by its own Trainer."""
+    import torch
+
+    cv = load_example("cv_example")
+    cv_args = cv.parse_args(example_args(args, args.loader_data_dir, args.image_size, 1)
+                            + (["--cpu"] if args.cpu else [])
+                            + ["--mixed_precision", args.mixed_precision])
+    samples, skipped = cv.find_images(cv_args.data_dir)
+    trainer = cv.Trainer(cv_args, cv.make_accelerator(cv_args), samples, skipped)
+    rates = []
+    for epoch in range(args.loader_epochs):
+        trainer.sampler.set_epoch(epoch)
+        trainer.train_loader.set_epoch(epoch)
+        started, images = time.perf_counter(), 0
+        for batch_images, _labels, _indices in trainer.train_loader:
+            images += batch_images.shape[0]
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        rates.append(images / (time.perf_counter() - started))
+    print(json.dumps({"loader_images_per_second_per_epoch": rates}))
+    return 0
+
+
+def loader_rate(args: argparse.Namespace, data_dir: Path, image_size: int) -> dict:
+    command = [sys.executable, __file__, "--loader_worker", "--loader_data_dir", str(data_dir),
+               "--model", args.model, "--batch_size", str(args.batch_size),
+               "--image_size", str(image_size), "--mixed_precision", args.mixed_precision,
+               "--loader_epochs", "2"] + (["--cpu"] if args.cpu else [])
+    if args.num_workers is not None:
+        command += ["--num_workers", str(args.num_workers)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"loader run failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 # ---------------------------------------------------------------- (b) end to end
+
+
+def example_args(args: argparse.Namespace, data_dir: Path, image_size: int,
+                 epochs: int) -> list[str]:
+    """cv_example's options for this benchmark, the same in (b) and (c)."""
+    options = ["--data_dir", str(data_dir), "--model", args.model,
+               "--batch_size", str(args.batch_size), "--image_size", str(image_size),
+               "--num_epochs", str(epochs)]
+    if args.num_workers is not None:
+        options += ["--num_workers", str(args.num_workers)]
+    return options
 
 
 def end_to_end(args: argparse.Namespace, data_dir: Path, image_size: int, epochs: int) -> dict:
     output = Path(tempfile.mkdtemp(prefix="cv_throughput_run_"))
-    script = [str(EXAMPLES / "cv_example.py"), "--data_dir", str(data_dir),
-              "--output_dir", str(output), "--model", args.model,
-              "--batch_size", str(args.batch_size), "--image_size", str(image_size),
-              "--num_epochs", str(epochs)]
-    if args.num_workers is not None:
-        script += ["--num_workers", str(args.num_workers)]
+    script = [str(EXAMPLES / "cv_example.py"), *example_args(args, data_dir, image_size, epochs),
+              "--output_dir", str(output)]
     env = dict(os.environ)
     if args.launcher == "mpslaunch":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"),
@@ -262,7 +317,12 @@ def run_scenario(args, name: str, data_dir: Path, image_size: int, num_classes: 
     e2e = max(e2e_runs, key=lambda run: run["train_images_per_second"])
     pure = max(pure_runs, key=lambda run: run["pure_images_per_second"])
     last_epoch = e2e["train_images_per_second_per_epoch"][-1]
+    print(f"[{name}] data pipeline alone ...", flush=True)
+    loader = loader_rate(args, data_dir, image_size)["loader_images_per_second_per_epoch"][-1]
     return {
+        "loader_images_per_second": loader,
+        "loader_over_pure": loader / pure["pure_images_per_second"],
+        "startup_s": e2e.get("startup_s", {}),
         "repeats": args.repeats,
         "all_end_to_end_images_per_second": [r["train_images_per_second"] for r in e2e_runs],
         "all_pure_images_per_second": [r["pure_images_per_second"] for r in pure_runs],
@@ -286,17 +346,21 @@ def run_scenario(args, name: str, data_dir: Path, image_size: int, num_classes: 
 def report_text(rows: list[dict]) -> str:
     lines = [f"{'scenario':8} {'model':10} {'dev':5} {'prec':4} {'px':>4} {'batch':>5} "
              f"{'pure img/s':>11} {'e2e img/s':>10} {'ratio':>6} {'last ep':>8} "
-             f"{'1st step':>9} {'wall':>7}"]
+             f"{'data img/s':>11} {'1st step':>9} {'wall':>7}"]
     for r in rows:
         lines.append(
             f"{r['scenario']:8} {r['model']:10} {r['device']:5} {r['mixed_precision']:4} "
             f"{r['image_size']:>4} {r['batch_size']:>5} {r['pure_images_per_second']:>11,.0f} "
             f"{r['end_to_end_images_per_second']:>10,.0f} {r['ratio']:>6.2f} "
-            f"{r['ratio_last_epoch']:>8.2f} {r['seconds_from_launch_to_first_step']:>8.1f}s "
-            f"{r['end_to_end_wall_seconds']:>6.1f}s")
+            f"{r['ratio_last_epoch']:>8.2f} {r['loader_images_per_second']:>11,.0f} "
+            f"{r['seconds_from_launch_to_first_step']:>8.1f}s {r['end_to_end_wall_seconds']:>6.1f}s")
     lines.append("ratio: end-to-end training images/s (all epochs, startup included) / pure "
-                 "step rate; last ep: the last epoch alone; 1st step: seconds from the launch "
-                 "command to the end of the first optimizer step.")
+                 "step rate; last ep: the last epoch alone; data img/s: the training loader "
+                 "alone, no training; 1st step: seconds from the launch command to the end of "
+                 "the first optimizer step.")
+    for r in rows:
+        phases = ", ".join(f"{phase} {at:.1f}s" for phase, at in r["startup_s"].items())
+        lines.append(f"{r['scenario']} start-up, seconds after the process started: {phases}")
     return "\n".join(lines)
 
 
@@ -310,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 1 if gpu else 2
     if args.pure_step_worker:
         return pure_step_worker(args)
+    if args.loader_worker:
+        return loader_worker(args)
     epochs = args.epochs or (3 if gpu else 2)
     rows = []
     if args.scenario in ("photos", "both"):

@@ -25,12 +25,14 @@ torchrun's variables for several processes). Run directly with python, `--cpu` a
 
 Speed. Workers decode with torchvision.io and augment uint8 tensors with transforms.v2
 (RandomResizedCrop, horizontal flip); batches travel as uint8 (4x less than float) and are
-normalised on the device. DataLoader workers are persistent and prefetch; `--num_workers`
+normalised on the device (nothing is done to the whole data set before the first step: files
+are only listed and their first bytes read). DataLoader workers are persistent and prefetch; `--num_workers`
 defaults to the CPUs available to this process less one, shared among the local processes
 (none when training on the CPU, whose cores torch's own threads already use). Memory is
 pinned only for CUDA; channels_last is used on CUDA and CPU (it slows convolutions' backward
-on MPS); cuDNN autotuning on CUDA (the training batches all have one shape: the last, smaller
-batch is dropped). Mixed precision is the launcher's choice (autocast through Accelerate).
+on MPS); fused AdamW on CUDA. cuDNN autotuning (cudnn.benchmark) stays off: it searched for
+seconds before the first step on an H200, for little gain on ResNets with cuDNN 9's
+heuristics. Mixed precision is the launcher's choice (autocast through Accelerate).
 
 Progress: a tqdm bar on the main process with loss and images/s, the eval accuracy after each
 epoch, and at the end `metrics.json` in `--output_dir`:
@@ -39,7 +41,7 @@ epoch, and at the end `metrics.json` in `--output_dir`:
   included, eval excluded; for a resumed run, only the part run now) and the same for each
   epoch (train_images_per_second_per_epoch: the first includes starting up), time_to_first_step_s
   (from the process start to the end of the first optimizer step), first_step_finished_at
-  (Unix time), device, mixed_precision, num_processes, model, image_size, batch_size (per
+  (Unix time), startup_s (seconds from the process start to each start-up phase), device, mixed_precision, num_processes, model, image_size, batch_size (per
   process), train_images, eval_images, skipped_images, seed.
 and the trained weights as `model.safetensors`.
 
@@ -82,6 +84,24 @@ from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
 PROG = "cv_example"
+
+
+class StartupClock:
+    """Unix times of the start-up phases, reported in metrics.json as seconds since the
+    process started: where the time before the first step goes."""
+
+    def __init__(self):
+        self.marks: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        self.marks.setdefault(phase, time.time())
+
+    def since(self, start: float | None) -> dict[str, float]:
+        return {phase: at - start for phase, at in self.marks.items()} if start else {}
+
+
+STARTUP = StartupClock()
+STARTUP.mark("imports_done")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG
 PET_NAME = re.compile(r"^(?P<label>.+)_\d+$")  # applied to the file name without suffix
@@ -681,6 +701,7 @@ class Trainer:
         started, images, loss, shown_at = time.perf_counter(), 0, None, 0.0
         stopped = False
         for batch_images, labels, indices in loader:
+            STARTUP.mark("first_batch_on_device")
             loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
                               batch_images, labels)
             unreadable[indices] = labels == UNREADABLE  # no host sync
@@ -690,6 +711,7 @@ class Trainer:
             if self.first_step_finished_at is None:
                 loss.item()  # wait for the device, so the time is honest
                 self.first_step_finished_at = time.time()
+                STARTUP.mark("first_step_done")
             bar.update(1)
             if time.perf_counter() - shown_at > 1.0:  # reading the loss syncs: not every step
                 shown_at = time.perf_counter()
@@ -771,6 +793,7 @@ class Trainer:
             "train_images_per_second_per_epoch": self.epoch_rates,
             "time_to_first_step_s": first - started if first and started else None,
             "first_step_finished_at": first,
+            "startup_s": STARTUP.since(started),
             "device": self.device.type,
             "mixed_precision": a.mixed_precision,
             "num_processes": a.num_processes,
@@ -807,10 +830,11 @@ def main(argv: list[str] | None = None) -> int:
         # WORLD_SIZE: torchrun's process count, which Accelerator() reads too.
         check_batch_fits(len(split_train_eval(samples, args.seed)[0]), args.batch_size,
                          int(os.environ.get("WORLD_SIZE", "1")))
+        STARTUP.mark("inputs_checked")
         accelerator = make_accelerator(args)
-        if accelerator.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True
+        STARTUP.mark("accelerator_ready")
         trainer = Trainer(args, accelerator, samples, skipped)
+        STARTUP.mark("model_and_loaders_ready")
         trainer.announce()
         trainer.resume()
         args.output_dir.mkdir(parents=True, exist_ok=True)
