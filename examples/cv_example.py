@@ -605,24 +605,9 @@ class Trainer:
     def __init__(self, args, accelerator, samples, skipped_files):
         self.args, self.accelerator = args, accelerator
         self.device = accelerator.device
-        classes = sorted({label for _, label in samples})
-        class_index = {label: i for i, label in enumerate(classes)}
-        train, evals = split_train_eval([(p, class_index[label]) for p, label in samples],
-                                        args.seed)
         self.skipped_files = list(skipped_files)
         self.undecodable_files: set[str] = set()
-        self.num_classes = len(classes)
-        workers = args.num_workers
-        if workers is None:
-            workers = default_num_workers(self.device)
-        pin = self.device.type == "cuda"
-        self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size)
-        self.eval_set = ImageFiles(evals, eval_transform(args.image_size), args.image_size)
-        self.sampler = EpochShuffle(len(self.train_set), args.seed)
-        # drop_last keeps every training batch one shape (cuDNN autotunes once).
-        train_loader = make_loader(self.train_set, args.batch_size, workers, pin,
-                                   sampler=self.sampler, drop_last=True)
-        eval_loader = make_loader(self.eval_set, args.batch_size, workers, pin)
+        train_loader, eval_loader = self.make_loaders(samples)
         set_seed(args.seed)
         model = build_model(args.model, self.num_classes, args.pretrained)
         self.memory_format = memory_format_for(self.device)
@@ -642,6 +627,25 @@ class Trainer:
         self.images_trained = 0
         self.epoch_rates: list[float] = []  # images/s of each epoch run in this process
         self.first_step_finished_at: float | None = None
+
+    def make_loaders(self, samples) -> tuple[DataLoader, DataLoader]:
+        args = self.args
+        classes = sorted({label for _, label in samples})
+        class_index = {label: i for i, label in enumerate(classes)}
+        self.num_classes = len(classes)
+        train, evals = split_train_eval([(p, class_index[label]) for p, label in samples],
+                                        args.seed)
+        self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size)
+        self.eval_set = ImageFiles(evals, eval_transform(args.image_size), args.image_size)
+        self.sampler = EpochShuffle(len(self.train_set), args.seed)
+        workers = args.num_workers
+        if workers is None:
+            workers = default_num_workers(self.device)
+        pin = self.device.type == "cuda"
+        # drop_last: every training batch has one shape, and BatchNorm never gets a batch of 1.
+        train_loader = make_loader(self.train_set, args.batch_size, workers, pin,
+                                   sampler=self.sampler, drop_last=True)
+        return train_loader, make_loader(self.eval_set, args.batch_size, workers, pin)
 
     # -- phases
 
