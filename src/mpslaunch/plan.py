@@ -9,9 +9,8 @@ to do. The facts behind each rule are in shared/MPS-FACTS.md; the comment beside
 
 from __future__ import annotations
 
-import shlex
+from collections.abc import Mapping  # typing costs an import on every launch
 from dataclasses import dataclass, field, fields
-from typing import Mapping
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, version_tuple
@@ -72,6 +71,8 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
+        import shlex
+
         lines = [
             f"device:          {self.device}",
             f"reason:          {self.reason}",

@@ -12,14 +12,11 @@ config folder; `default.yaml` there, plus `NAME.yaml` for `--profile NAME`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 import stat
-import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from mpslaunch.errors import MpslaunchError
 
@@ -47,10 +44,10 @@ class Profile:
     mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
     mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
 
-    def replace(self, **changes: Any) -> "Profile":
+    def replace(self, **changes: object) -> "Profile":
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -76,7 +73,7 @@ assert set(_KEY_TYPES) == set(KNOWN_KEYS)
 # ---------------------------------------------------------------- checking values
 
 
-def check_value(key: str, value: Any) -> str | None:
+def check_value(key: str, value: object) -> str | None:
     """Why `value` is not allowed for `key`, or None. Shared by files, flags and the questionnaire."""
     if not _has_type(value, _KEY_TYPES[key]):
         wanted = " or ".join("null" if t is type(None) else t.__name__ for t in _KEY_TYPES[key])
@@ -109,17 +106,17 @@ def check_profile(profile: Profile) -> str | None:
     return None
 
 
-def _has_type(value: Any, types: tuple[type, ...]) -> bool:
+def _has_type(value: object, types: tuple[type, ...]) -> bool:
     if isinstance(value, bool):
         return bool in types
     return isinstance(value, types)
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _quoted(value: Any) -> str:
+def _quoted(value: object) -> str:
     """The value as a message may quote it: scalars only, cut short. A list or mapping is not
     quoted: through YAML aliases a few hundred bytes can name billions of items."""
     if isinstance(value, (list, dict, set, tuple)):
@@ -205,7 +202,7 @@ def _parse(text: str, path: Path) -> "yaml.MappingNode":
     return document
 
 
-def _construct(node: "yaml.Node", path: Path) -> Any:
+def _construct(node: "yaml.Node", path: Path) -> object:
     import yaml
 
     # SafeConstructor refuses tags such as !!python/object: profiles are data, never code.
@@ -227,6 +224,8 @@ def _one_line(error: Exception) -> str:
 
 
 def _suggestion(key: str) -> str:
+    import difflib  # only when a key is wrong
+
     close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -249,6 +248,8 @@ def save(profile: Profile, path: Path) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     # A temp file + rename also never follows a symlink planted at `path`: rename replaces it.
+    import tempfile  # only when writing
+
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(handle, 0o666 & ~_current_umask())

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
 
