@@ -33,6 +33,10 @@ On the GPU machine, from the repo root:
 
     PYTHONPATH=src python3 benchmarks/cv_throughput.py --json /tmp/cv.json
     PYTHONPATH=src python3 benchmarks/cv_throughput.py --model resnet50 --mixed_precision bf16
+    PYTHONPATH=src python3 benchmarks/cv_throughput.py --scenario photos --decode gpu,cpu
+
+--decode (cv_example's option; default auto) takes a comma-separated list: each is run end to
+end and as a pipeline alone, against the same pure step rate, one row each.
 
 On this CPU machine (small defaults so it ends in a few minutes):
 
@@ -63,6 +67,7 @@ PET_CLASSES = 37
 def load_example(name: str):
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its classes must unpickle (the batches DataLoader workers send)
     spec.loader.exec_module(module)
     return module
 
@@ -84,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="epochs of each end-to-end run (default 3 on a GPU, 2 on the CPU; "
                              "on a GPU the demo scenario runs 40: an epoch of it is ~22 steps)")
     parser.add_argument("--num_workers", type=int, default=None, help="default: cv_example's")
+    parser.add_argument("--decode", default="auto",
+                        help="cv_example's --decode (auto, cpu, gpu); a comma-separated list "
+                             "runs each")
     parser.add_argument("--launcher", choices=("mpslaunch", "python"), default="mpslaunch",
                         help="run cv_example through `mpslaunch launch` or plain python")
     parser.add_argument("--data_root", type=Path,
@@ -233,17 +241,24 @@ def loader_worker(args: argparse.Namespace) -> int:
                             + ["--mixed_precision", args.mixed_precision])
     samples, skipped = cv.find_images(cv_args.data_dir)
     trainer = cv.Trainer(cv_args, cv.make_accelerator(cv_args), samples, skipped)
-    rates = []
+    rates, prepare_seconds, batches = [], 0.0, 0
     for epoch in range(args.loader_epochs):
         trainer.sampler.set_epoch(epoch)
         trainer.train_loader.set_epoch(epoch)
         started, images = time.perf_counter(), 0
-        for batch_images, _labels, _indices in trainer.train_loader:
+        for batch_images, labels, _indices in trainer.train_loader:
+            prepare_started = time.perf_counter()
+            batch_images, labels = trainer.prepare_batch(batch_images, labels)  # --decode gpu
+            prepare_seconds += time.perf_counter() - prepare_started
+            batches += 1
             images += batch_images.shape[0]
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
         rates.append(images / (time.perf_counter() - started))
-    print(json.dumps({"loader_images_per_second_per_epoch": rates}))
+    # Host time the training process spends per batch turning what the workers send into
+    # images on the device (GPU decoding: nvjpeg calls, crop and resize launches; else ~0).
+    print(json.dumps({"loader_images_per_second_per_epoch": rates, "decode": trainer.decode,
+                      "main_process_ms_per_batch": 1000 * prepare_seconds / max(batches, 1)}))
     return 0
 
 
@@ -251,7 +266,7 @@ def loader_rate(args: argparse.Namespace, data_dir: Path, image_size: int) -> di
     command = [sys.executable, __file__, "--loader_worker", "--loader_data_dir", str(data_dir),
                "--model", args.model, "--batch_size", str(args.batch_size),
                "--image_size", str(image_size), "--mixed_precision", args.mixed_precision,
-               "--loader_epochs", "2"] + (["--cpu"] if args.cpu else [])
+               "--loader_epochs", "2", "--decode", args.decode] + (["--cpu"] if args.cpu else [])
     if args.num_workers is not None:
         command += ["--num_workers", str(args.num_workers)]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -268,7 +283,7 @@ def example_args(args: argparse.Namespace, data_dir: Path, image_size: int,
     """cv_example's options for this benchmark, the same in (b) and (c)."""
     options = ["--data_dir", str(data_dir), "--model", args.model,
                "--batch_size", str(args.batch_size), "--image_size", str(image_size),
-               "--num_epochs", str(epochs)]
+               "--num_epochs", str(epochs), "--decode", args.decode]
     if args.num_workers is not None:
         options += ["--num_workers", str(args.num_workers)]
     return options
@@ -309,23 +324,29 @@ def run_scenario(args, name: str, data_dir: Path, image_size: int, num_classes: 
     best run is the one other work disturbed least)."""
     e2e_runs, pure_runs = [], []
     for repeat in range(args.repeats):
-        print(f"[{name}] end to end ({repeat + 1}/{args.repeats}): {epochs} epochs of {data_dir} "
-              f"at {image_size} px ...", flush=True)
+        print(f"[{name}] end to end ({repeat + 1}/{args.repeats}, --decode {args.decode}): "
+              f"{epochs} epochs of {data_dir} at {image_size} px ...", flush=True)
         e2e_runs.append(end_to_end(args, data_dir, image_size, epochs))
-        print(f"[{name}] pure step rate ({repeat + 1}/{args.repeats}) ...", flush=True)
-        pure_runs.append(pure_step_rate(args, image_size, num_classes))
+        if args.pure is None:
+            print(f"[{name}] pure step rate ({repeat + 1}/{args.repeats}) ...", flush=True)
+            pure_runs.append(pure_step_rate(args, image_size, num_classes))
     e2e = max(e2e_runs, key=lambda run: run["train_images_per_second"])
-    pure = max(pure_runs, key=lambda run: run["pure_images_per_second"])
+    pure = args.pure or max(pure_runs, key=lambda run: run["pure_images_per_second"])
     last_epoch = e2e["train_images_per_second_per_epoch"][-1]
-    print(f"[{name}] data pipeline alone ...", flush=True)
-    loader = loader_rate(args, data_dir, image_size)["loader_images_per_second_per_epoch"][-1]
+    print(f"[{name}] data pipeline alone (--decode {args.decode}) ...", flush=True)
+    loader_run = loader_rate(args, data_dir, image_size)
+    loader = loader_run["loader_images_per_second_per_epoch"][-1]
     return {
+        "decode": e2e.get("decode", "cpu"), "decode_option": args.decode,
+        "main_process_ms_per_batch": loader_run.get("main_process_ms_per_batch"),
+        "pure": pure,
         "loader_images_per_second": loader,
         "loader_over_pure": loader / pure["pure_images_per_second"],
         "startup_s": e2e.get("startup_s", {}),
         "repeats": args.repeats,
         "all_end_to_end_images_per_second": [r["train_images_per_second"] for r in e2e_runs],
-        "all_pure_images_per_second": [r["pure_images_per_second"] for r in pure_runs],
+        "all_pure_images_per_second": [r["pure_images_per_second"] for r in pure_runs]
+        or [pure["pure_images_per_second"]],
         "scenario": name, "model": args.model, "batch_size": args.batch_size,
         "image_size": image_size, "mixed_precision": e2e["mixed_precision"],
         "device": e2e["device"], "device_name": pure["device_name"],
@@ -344,12 +365,13 @@ def run_scenario(args, name: str, data_dir: Path, image_size: int, num_classes: 
 
 
 def report_text(rows: list[dict]) -> str:
-    lines = [f"{'scenario':8} {'model':10} {'dev':5} {'prec':4} {'px':>4} {'batch':>5} "
-             f"{'pure img/s':>11} {'e2e img/s':>10} {'ratio':>6} {'last ep':>8} "
+    lines = [f"{'scenario':8} {'model':10} {'dev':5} {'decode':6} {'prec':4} {'px':>4} "
+             f"{'batch':>5} {'pure img/s':>11} {'e2e img/s':>10} {'ratio':>6} {'last ep':>8} "
              f"{'data img/s':>11} {'1st step':>9} {'wall':>7}"]
     for r in rows:
         lines.append(
-            f"{r['scenario']:8} {r['model']:10} {r['device']:5} {r['mixed_precision']:4} "
+            f"{r['scenario']:8} {r['model']:10} {r['device']:5} {r['decode']:6} "
+            f"{r['mixed_precision']:4} "
             f"{r['image_size']:>4} {r['batch_size']:>5} {r['pure_images_per_second']:>11,.0f} "
             f"{r['end_to_end_images_per_second']:>10,.0f} {r['ratio']:>6.2f} "
             f"{r['ratio_last_epoch']:>8.2f} {r['loader_images_per_second']:>11,.0f} "
@@ -360,7 +382,9 @@ def report_text(rows: list[dict]) -> str:
                  "the first optimizer step.")
     for r in rows:
         phases = ", ".join(f"{phase} {at:.1f}s" for phase, at in r["startup_s"].items())
-        lines.append(f"{r['scenario']} start-up, seconds after the process started: {phases}")
+        lines.append(f"{r['scenario']} (decode {r['decode']}) start-up, seconds after the process "
+                     f"started: {phases}; training process per batch before the step: "
+                     f"{r['main_process_ms_per_batch'] or 0:.2f} ms")
     return "\n".join(lines)
 
 
@@ -378,10 +402,21 @@ def main(argv: list[str] | None = None) -> int:
         return loader_worker(args)
     epochs = args.epochs or (3 if gpu else 2)
     rows = []
+    decodes = args.decode.split(",")
+
+    def each_decode(*scenario) -> None:
+        """One row per --decode choice; the pure step rate is measured once."""
+        args.pure = None
+        for decode in decodes:
+            args.decode = decode
+            rows.append(run_scenario(args, *scenario))
+            args.pure = rows[-1].pop("pure")
+        args.decode = ",".join(decodes)
+
     if args.scenario in ("photos", "both"):
         count = args.photos or (8000 if gpu else 240)
         photos = make_photos(args.data_root / f"photos_{count}", count)
-        rows.append(run_scenario(args, "photos", photos, args.image_size, PET_CLASSES, epochs))
+        each_decode("photos", photos, args.image_size, PET_CLASSES, epochs)
     if args.scenario in ("demo", "both"):
         demo_dir = args.demo_dir
         if demo_dir is None and importlib.util.find_spec("sklearn") is None:
@@ -390,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             demo_dir = make_demo(args.data_root / "demo")
         if demo_dir is not None:
             demo_epochs = args.epochs or (40 if gpu else 2)
-            rows.append(run_scenario(args, "demo", demo_dir, 64, 10, demo_epochs))
+            each_decode("demo", demo_dir, 64, 10, demo_epochs)
     print(report_text(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -79,7 +79,7 @@ import torchvision
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
-from torchvision.io import ImageReadMode, decode_image, read_file
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
@@ -106,6 +106,7 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG
 PET_NAME = re.compile(r"^(?P<label>.+)_\d+$")  # applied to the file name without suffix
 EVAL_FRACTION = 0.2
+GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu
 UNREADABLE = -100  # label of an image that failed to decode; cross_entropy's ignore_index
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -171,6 +172,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="'epoch', or save every N steps")
     parser.add_argument("--resume_from_checkpoint", default=None,
                         help="a checkpoint folder, or 'latest' in --output_dir/checkpoints")
+    parser.add_argument("--decode", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="where training JPEGs are decoded: 'gpu' (nvjpeg, in the training "
+                             "process) or 'cpu' (DataLoader workers); auto: gpu on CUDA when "
+                             "torchvision can decode there, else cpu")
     parser.add_argument("--cpu", action="store_true", help="Accelerator(cpu=True)")
     parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=None,
                         help="Accelerator(mixed_precision=...); default: the launcher's plan")
@@ -283,17 +288,25 @@ class ImageFiles(Dataset):
     comes back blank with the label UNREADABLE, so a bad file costs one sample, never the epoch.
     """
 
-    def __init__(self, samples: list[tuple[Path, int]], transform, image_size: int):
+    def __init__(self, samples: list[tuple[Path, int]], transform, image_size: int,
+                 encoded: bool = False):
         self.paths = [str(path) for path, _ in samples]
         self.labels = [label for _, label in samples]
         self.transform = transform
         self.image_size = image_size
+        # --decode gpu: training JPEGs are not decoded here but read and given their crop and
+        # flip (EncodedImage); the training process decodes them (JpegBatchDecoder).
+        self.encoded = encoded
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, item):
         index, seed = item if isinstance(item, tuple) else (item, None)
+        if self.encoded and seed is not None:
+            encoded = self.read_encoded(index, seed)
+            if encoded is not None:
+                return encoded, self.labels[index], index
         try:
             image = decode_image(read_file(self.paths[index]), mode=ImageReadMode.RGB)
         except (RuntimeError, OSError, ValueError):
@@ -307,6 +320,210 @@ class ImageFiles(Dataset):
 
     def blank(self) -> torch.Tensor:
         return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
+
+    def read_encoded(self, index: int, seed: int) -> EncodedImage | None:
+        """The file's bytes and the crop and flip the CPU path would give it, or None for
+        anything but a JPEG whose size the header tells (decoded here then, as before)."""
+        try:
+            with open(self.paths[index], "rb") as file:
+                data = file.read()
+        except OSError:
+            return None
+        size = jpeg_size(data)
+        if size is None:
+            return None
+        with seeded_rng(seed):
+            box, flip = augmentation_params(self.transform, *size)
+        return EncodedImage(data, size, box, flip)
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's frame header (SOFn), or None: no decoding, a few µs."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    at, end = 2, len(data)
+    while at + 4 <= end:
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length field
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before
+            return None
+        length = int.from_bytes(data[at + 2:at + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if at + 9 > end:
+                return None
+            height = int.from_bytes(data[at + 5:at + 7], "big")
+            width = int.from_bytes(data[at + 7:at + 9], "big")
+            return (height, width) if height > 0 and width > 0 else None
+        at += 2 + length
+    return None
+
+
+def augmentation_params(transform: v2.Compose, height: int, width: int):
+    """The crop (top, left, height, width) and flip that train_transform draws for an image of
+    this size, from torch's CPU generator, in the same order: the same numbers for the same seed.
+    """
+    crop, flip = transform.transforms
+    shape = torch.empty((), dtype=torch.uint8).expand(3, height, width)  # no memory
+    make_params = getattr(crop, "make_params", None) or crop._get_params  # torchvision < 0.21
+    params = make_params([shape])
+    box = (params["top"], params["left"], params["height"], params["width"])
+    return box, bool(torch.rand(1) < flip.p)  # RandomHorizontalFlip: no flip if rand >= p
+
+
+class EncodedImage:
+    """A training JPEG not decoded yet: its bytes, size, crop box and flip."""
+
+    __slots__ = ("data", "size", "box", "flip")
+
+    def __init__(self, data: bytes, size: tuple[int, int], box: tuple, flip: bool):
+        self.data, self.size, self.box, self.flip = data, size, box, flip
+
+
+class EncodedBatch:
+    """A training batch as the workers send it with --decode gpu.
+
+    data: the JPEGs' bytes end to end (one shared-memory block, not one per image), split by
+    sizes; meta: float (jpegs, 8): slot, left, top, right, bottom (roi_align's box), height,
+    width, flip; ready: images the workers decoded themselves (PNGs, unusual JPEGs, unreadable
+    ones), already transformed, at ready_positions in the batch.
+    """
+
+    def __init__(self, items: list):
+        jpegs = [(pos, item) for pos, item in enumerate(items) if isinstance(item, EncodedImage)]
+        self.count = len(items)
+        self.jpeg_positions = [pos for pos, _ in jpegs]
+        self.ready_positions = [pos for pos, item in enumerate(items)
+                                if not isinstance(item, EncodedImage)]
+        self.sizes = [len(item.data) for _, item in jpegs]
+        self.data = torch.empty(sum(self.sizes), dtype=torch.uint8)
+        if get_worker_info() is not None:  # filled in place: no copy when it is sent
+            self.data.share_memory_()
+        buffer, at = self.data.numpy(), 0
+        for _, item in jpegs:
+            buffer[at:at + len(item.data)] = memoryview(item.data)
+            at += len(item.data)
+        self.meta = torch.tensor(
+            [(slot, left, top, left + w, top + h, *item.size, item.flip)
+             for slot, (_, item) in enumerate(jpegs) for top, left, h, w in [item.box]],
+            dtype=torch.float32).view(-1, 8)
+        self.ready = (torch.stack([items[pos] for pos in self.ready_positions])
+                      if self.ready_positions else None)
+
+    def pin_memory(self) -> EncodedBatch:
+        """DataLoader(pin_memory=True) calls this: what is copied to the device gets pinned
+        (the bytes are read by nvjpeg on the host)."""
+        self.meta = self.meta.pin_memory()
+        if self.ready is not None:
+            self.ready = self.ready.pin_memory()
+        return self
+
+
+def collate_encoded(batch: list) -> tuple[EncodedBatch, torch.Tensor, torch.Tensor]:
+    items, labels, indices = zip(*batch)
+    return EncodedBatch(list(items)), torch.tensor(labels), torch.tensor(indices)
+
+
+class JpegBatchDecoder:
+    """EncodedBatch -> uint8 (N, 3, S, S) on the device, as train_transform would give it.
+
+    All the JPEGs of a batch are decoded in one call (nvjpeg batches them; baseline JPEGs go to
+    the GPU's hardware decoder); each is copied to the top left of a canvas whose last row and
+    column are repeated one pixel further (so sampling at an image's edge sees the edge, as
+    interpolate's clamping does); roi_align then crops and resizes all of them in one kernel,
+    averaging ceil(crop / S) x ceil(crop / S) bilinear samples per output pixel (a box filter
+    against aliasing, where the CPU path uses antialiased bilinear resizing: the same crop and
+    flip, pixel values within a few levels). A batch call that raises is retried image by image,
+    then on the CPU; an image nothing decodes comes back blank and is returned in `failed`.
+    """
+
+    def __init__(self, device: torch.device, image_size: int):
+        self.device, self.size = device, image_size
+
+    def decode(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        try:
+            return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            return [self.decode_one(data) for data in encoded]
+
+    def decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return decode_jpeg([data], mode=ImageReadMode.RGB, device=self.device)[0]
+        except RuntimeError:
+            pass
+        try:  # CMYK, 12-bit, ...: what nvjpeg refuses may still decode on the CPU
+            image = decode_image(data, mode=ImageReadMode.RGB)
+        except (RuntimeError, ValueError):
+            return None
+        if image.dtype != torch.uint8:
+            image = v2.functional.to_dtype(image, torch.uint8, scale=True)
+        return image.to(self.device)
+
+    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[int]]:
+        size, device = self.size, self.device
+        failed = []
+        if not batch.jpeg_positions:
+            return batch.ready.to(device, non_blocking=True), failed
+        meta = batch.meta.to(device, non_blocking=True)
+        heights, widths = batch.meta[:, 5].long().tolist(), batch.meta[:, 6].long().tolist()
+        images = self.decode(list(torch.split(batch.data, batch.sizes)))
+        count = len(images)
+        canvas = torch.zeros((count, 3, max(heights) + 1, max(widths) + 1), dtype=torch.uint8,
+                             device=device)
+        for slot, (image, height, width) in enumerate(zip(images, heights, widths)):
+            if image is None or image.shape[1:] != (height, width):
+                failed.append(batch.jpeg_positions[slot])
+                continue
+            canvas[slot, :, :height, :width] = image
+        extent = meta[:, 5:7].long().view(count, 2, 1, 1, 1)
+        _, _, rows, cols = canvas.shape
+        edge = (extent[:, 1] - 1).expand(count, 3, rows, 1)  # the last column, one further
+        canvas.scatter_(3, edge + 1, canvas.gather(3, edge))
+        edge = (extent[:, 0] - 1).expand(count, 3, 1, cols)  # the last row, one further
+        canvas.scatter_(2, edge + 1, canvas.gather(2, edge))
+        crops = torchvision.ops.roi_align(canvas.float(), meta[:, :5], output_size=size, spatial_scale=1.0,
+                          sampling_ratio=-1, aligned=True)
+        crops = torch.where(meta[:, 7].bool().view(count, 1, 1, 1), crops.flip(3), crops)
+        crops = crops.add_(0.5).to(torch.uint8)  # round: values are within 0..255
+        if batch.ready is None:
+            images = crops
+        else:
+            images = torch.empty((batch.count, 3, size, size), dtype=torch.uint8, device=device)
+            images[batch.jpeg_positions] = crops
+            images[batch.ready_positions] = batch.ready.to(device, non_blocking=True)
+        if failed:
+            images[failed] = 0
+        return images, failed
+
+
+def gpu_decode_available(device: torch.device) -> bool:
+    """Whether torchvision decodes JPEGs on this device (built with nvjpeg, and it works)."""
+    if device.type != "cuda":
+        return False
+    try:
+        probe = torchvision.io.encode_jpeg(torch.zeros(3, 16, 16, dtype=torch.uint8))
+        decode_jpeg([probe], device=device)
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def choose_decode(choice: str, device: torch.device) -> str:
+    """--decode: 'gpu' or 'cpu'."""
+    if choice == "cpu" or (choice == "auto" and device.type != "cuda"):
+        return "cpu"
+    if gpu_decode_available(device):
+        return "gpu"
+    if choice == "gpu":
+        raise InputError(f"--decode gpu: torchvision cannot decode JPEGs on {device.type} here "
+                         "(it needs CUDA and torchvision built with nvjpeg); use --decode cpu")
+    return "cpu"
 
 
 class EpochShuffle(Sampler):
@@ -368,7 +585,8 @@ def default_num_workers(device: torch.device) -> int:
 
 
 def make_loader(dataset: Dataset, batch_size: int, num_workers: int, pin_memory: bool, *,
-                sampler: Sampler | None = None, drop_last: bool = False) -> DataLoader:
+                sampler: Sampler | None = None, drop_last: bool = False,
+                collate_fn=None) -> DataLoader:
     workers = {}
     if num_workers > 0:
         # About 8 batches in flight in all: enough to absorb slow images, without filling
@@ -376,7 +594,7 @@ def make_loader(dataset: Dataset, batch_size: int, num_workers: int, pin_memory:
         workers = dict(persistent_workers=True, prefetch_factor=max(2, 8 // num_workers),
                        worker_init_fn=ignore_interrupts)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-                      num_workers=num_workers, pin_memory=pin_memory,
+                      num_workers=num_workers, pin_memory=pin_memory, collate_fn=collate_fn,
                       # Its own generator: creating iterators must not draw from the
                       # training RNG, or a resumed run would drift from an uninterrupted one.
                       generator=torch.Generator(), **workers)
@@ -635,17 +853,37 @@ class Trainer:
         self.num_classes = len(classes)
         train, evals = split_train_eval([(p, class_index[label]) for p, label in samples],
                                         args.seed)
-        self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size)
+        self.decode = choose_decode(args.decode, self.device)
+        gpu_decode = self.decode == "gpu"
+        self.jpeg_decoder = JpegBatchDecoder(self.device, args.image_size) if gpu_decode else None
+        self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size,
+                                    encoded=gpu_decode)
         self.eval_set = ImageFiles(evals, eval_transform(args.image_size), args.image_size)
         self.sampler = EpochShuffle(len(self.train_set), args.seed)
         workers = args.num_workers
         if workers is None:
             workers = default_num_workers(self.device)
+        # Reading files and drawing crops is little work: a few workers keep up, and the cores
+        # stay free for the training loop, which now decodes too.
+        train_workers = min(workers, GPU_DECODE_WORKERS) if gpu_decode and \
+            args.num_workers is None else workers
         pin = self.device.type == "cuda"
         # drop_last: every training batch has one shape, and BatchNorm never gets a batch of 1.
-        train_loader = make_loader(self.train_set, args.batch_size, workers, pin,
-                                   sampler=self.sampler, drop_last=True)
+        train_loader = make_loader(self.train_set, args.batch_size, train_workers, pin,
+                                   sampler=self.sampler, drop_last=True,
+                                   collate_fn=collate_encoded if gpu_decode else None)
         return train_loader, make_loader(self.eval_set, args.batch_size, workers, pin)
+
+    def prepare_batch(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
+        """--decode gpu: an EncodedBatch becomes images on the device; images that did not
+        decode are blank and labelled UNREADABLE."""
+        if self.jpeg_decoder is None:
+            return images, labels
+        images, failed = self.jpeg_decoder(images)
+        if failed:
+            labels = labels.clone()
+            labels[failed] = UNREADABLE
+        return images, labels
 
     # -- phases
 
@@ -685,7 +923,7 @@ class Trainer:
         a.print(f"{PROG}: {len(self.train_set)} train / {len(self.eval_set)} eval images, "
                 f"{self.num_classes} classes; {self.args.model} on {self.device.type} "
                 f"(mixed precision {a.mixed_precision}, {a.num_processes} process(es), "
-                f"batch {self.args.batch_size} per process)")
+                f"batch {self.args.batch_size} per process, JPEGs decoded on the {self.decode})")
         if self.skipped_files:
             warn(a, f"skipped {len(self.skipped_files)} file(s) that are not JPEG or PNG images: "
                     f"{describe_paths(self.skipped_files)}")
@@ -705,6 +943,7 @@ class Trainer:
         started, images, loss, shown_at = time.perf_counter(), 0, None, 0.0
         stopped = False
         for batch_images, labels, indices in loader:
+            batch_images, labels = self.prepare_batch(batch_images, labels)
             STARTUP.mark("first_batch_on_device")
             loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
                               batch_images, labels)
@@ -799,6 +1038,7 @@ class Trainer:
             "first_step_finished_at": first,
             "startup_s": STARTUP.since(started),
             "device": self.device.type,
+            "decode": self.decode,
             "mixed_precision": a.mixed_precision,
             "num_processes": a.num_processes,
             "model": args.model,

@@ -330,3 +330,106 @@ def test_augmentation_depends_only_on_seed_epoch_and_image(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     sampler.set_epoch(2)
     assert list(sampler) != draws
+
+
+# ---------------------------------------------------------------- --decode gpu, on the CPU
+# The GPU path's logic, run with torchvision's CPU JPEG decoder (CI has no GPU): the worker
+# side (bytes, size, crop and flip), the batch decoder, and the training loop wired to them.
+
+
+def test_jpeg_size_reads_the_frame_header(tmp_path):
+    from torchvision.io import encode_jpeg, encode_png
+    for height, width in [(375, 500), (500, 375), (17, 9), (1, 1)]:
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
+        assert cv_example.jpeg_size(encode_jpeg(image).numpy().tobytes()) == (height, width)
+    gray = encode_jpeg(torch.zeros(1, 20, 30, dtype=torch.uint8)).numpy().tobytes()
+    assert cv_example.jpeg_size(gray) == (20, 30)
+    assert cv_example.jpeg_size(gray[:40]) is None  # cut before the frame header
+    assert cv_example.jpeg_size(b"\xff\xd8\xff\xe0") is None
+    png = encode_png(torch.zeros(3, 4, 4, dtype=torch.uint8)).numpy().tobytes()
+    assert cv_example.jpeg_size(png) is None and cv_example.jpeg_size(b"") is None
+
+
+def test_gpu_decode_path_draws_the_cpu_paths_crop_and_flip(tmp_path):
+    """augmentation_params gives exactly the crop and flip train_transform draws for a seed."""
+    from torchvision.io import decode_image, encode_jpeg
+    from torchvision.transforms import v2
+    size = 20
+    transform = cv_example.train_transform(size)
+    flips = set()
+    for n, (height, width) in enumerate([(48, 48), (30, 64), (64, 30), (375, 500)] * 6):
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
+        seed = 1000 + 7919 * n
+        with cv_example.seeded_rng(seed):
+            expected = transform(image)
+        with cv_example.seeded_rng(seed):
+            (top, left, crop_h, crop_w), flip = cv_example.augmentation_params(
+                transform, height, width)
+        got = v2.functional.resized_crop(image, top, left, crop_h, crop_w, [size, size],
+                                         antialias=True)
+        got = v2.functional.horizontal_flip(got) if flip else got
+        assert torch.equal(got, expected), (height, width, seed)
+        flips.add(flip)
+    assert flips == {True, False}
+
+
+def test_encoded_batches_decode_close_to_the_cpu_path(tmp_path):
+    """Worker side + JpegBatchDecoder (decoding on the CPU here): same images, same order;
+    PNGs decoded by the worker as before; a truncated JPEG comes back blank and failed."""
+    paths = demo.write_demo_images(tmp_path / "jpg", count=14, size=48, seed=2)
+    png = demo.write_demo_images(tmp_path / "png", count=1, size=40, file_format="png")[0]
+    truncated = tmp_path / "cut_1.jpg"
+    truncated.write_bytes(paths[0].read_bytes()[:300])  # the header survives, the data not
+    paths += [png, truncated]
+    size = 32
+    samples = [(path, i % 3) for i, path in enumerate(paths)]
+    cpu = cv_example.ImageFiles(samples, cv_example.train_transform(size), size)
+    encoded = cv_example.ImageFiles(samples, cv_example.train_transform(size), size, encoded=True)
+    sampler = cv_example.EpochShuffle(len(paths), seed=5)
+    sampler.set_epoch(2)
+    items = list(sampler)
+    batch, labels, indices = cv_example.collate_encoded([encoded[item] for item in items])
+    assert indices.tolist() == [index for index, _ in items]
+    assert labels.tolist() == [i % 3 for i, _ in items]
+    png_at = [i for i, (index, _) in enumerate(items) if paths[index] == png]
+    assert batch.ready_positions == png_at and len(batch.jpeg_positions) == len(paths) - 1
+    images, failed = cv_example.JpegBatchDecoder(torch.device("cpu"), size)(batch)
+    assert images.shape == (len(paths), 3, size, size) and images.dtype == torch.uint8
+    cut_at = [i for i, (index, _) in enumerate(items) if paths[index] == truncated]
+    assert failed == cut_at and not images[cut_at].any()
+    reference = torch.stack([cpu[item][0] for item in items])
+    assert cpu[items[cut_at[0]]][1] == cv_example.UNREADABLE  # the CPU path fails it too
+    assert torch.equal(images[png_at], reference[png_at])
+    difference = (images.float() - reference.float()).abs()
+    for position in set(range(len(paths))) - set(cut_at):
+        # the same crop and flip; only the resampling filter differs (a flipped or shifted
+        # crop of a digit would differ by tens of levels)
+        assert difference[position].mean() < 2.0, position
+        assert difference[position].max() <= 24, position
+
+
+def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
+    """The training loop with the encoded pipeline and two workers (decoding on the CPU here);
+    in a child process, as a user runs it (forking workers from pytest's process can hang)."""
+    images = tmp_path / "images"
+    paths = demo.write_demo_images(images, count=60, size=24, classes=3)
+    for path in paths[:2]:
+        path.write_bytes(path.read_bytes()[:200])
+    output = tmp_path / "out"
+    script = ("import importlib.util, sys\n"
+              f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
+              "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
+              "spec.loader.exec_module(cv)\n"
+              "cv.choose_decode = lambda choice, device: 'gpu'\n"
+              "sys.exit(cv.main(sys.argv[1:]))\n")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "--data_dir", str(images), "--output_dir", str(output),
+         "--num_epochs", "1", "--num_workers", "2", *TINY],
+        capture_output=True, text=True, timeout=180, env=child_env())
+    assert_ran(result)
+    assert "JPEGs decoded on the gpu" in result.stdout
+    assert "could not be decoded (corrupt or truncated)" in result.stderr
+    metrics = read_metrics(output)
+    assert metrics["decode"] == "gpu"
+    assert_trained(metrics, epochs=1, images=60, processes=1)
+    assert metrics["skipped_images"] == 2
