@@ -46,14 +46,17 @@ def build_parser(command: str | None) -> OneLineParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        sub = commands.add_parser(name, help=help_text, description=help_text,
+    if command in COMMANDS:
+        # Only the chosen command: building a parser per command costs time on every launch.
+        module_name, help_text = COMMANDS[command]
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(command, help=help_text, description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        if name == command:
-            module = importlib.import_module(module_name)
-            sub.description = module.__doc__
-            module.add_arguments(sub)
-            sub.set_defaults(handler=module.main)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.main)
+        return parser
+    for name, (_, help_text) in COMMANDS.items():  # for `mpslaunch --help` and unknown commands
+        commands.add_parser(name, help=help_text, description=help_text)
     return parser
 
 
