@@ -420,7 +420,7 @@ def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
               f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
               "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
               "spec.loader.exec_module(cv)\n"
-              "cv.choose_decode = lambda choice, device: 'gpu'\n"
+              "cv.choose_decode = lambda *args: 'gpu'\n"
               "sys.exit(cv.main(sys.argv[1:]))\n")
     result = subprocess.run(
         [sys.executable, "-c", script, "--data_dir", str(images), "--output_dir", str(output),
@@ -433,3 +433,13 @@ def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
     assert metrics["decode"] == "gpu"
     assert_trained(metrics, epochs=1, images=60, processes=1)
     assert metrics["skipped_images"] == 2
+
+
+def test_auto_decode_is_cpu_off_cuda_and_for_small_images(tmp_path):
+    small = demo.write_demo_images(tmp_path, count=4, size=24)
+    cpu = torch.device("cpu")
+    assert cv_example.choose_decode("auto", cpu, [str(p) for p in small]) == "cpu"
+    assert cv_example.choose_decode("cpu", cpu, []) == "cpu"
+    with pytest.raises(cv_example.InputError, match="--decode gpu"):
+        cv_example.choose_decode("gpu", cpu, [])
+    assert cv_example.mean_file_size([str(p) for p in small]) < cv_example.AUTO_GPU_DECODE_BYTES
