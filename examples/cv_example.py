@@ -851,6 +851,31 @@ def checkpoint_to_resume(args) -> Path | None:
     return path
 
 
+def write_replacing(path: Path, text: str) -> None:
+    """Write beside `path`, then rename over it: a crash never leaves half a file, and a symlink
+    planted at `path` is replaced, never followed. The file gets the user's umask."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(descriptor, "w") as stream:
+        stream.write(text)
+    os.replace(temporary, path)
+
+
+def save_model_replacing(accelerator, model, output_dir: Path) -> None:
+    """Accelerate's save_model into a fresh folder, then each file renamed into output_dir
+    (same reason as write_replacing)."""
+    staging = output_dir / f".model.{os.getpid()}.tmp"
+    staging.mkdir()
+    try:
+        accelerator.save_model(model, str(staging))
+        for saved in staging.iterdir():
+            os.replace(saved, output_dir / saved.name)
+    finally:
+        for left in staging.iterdir():
+            left.unlink()
+        staging.rmdir()
+
+
 def save_checkpoint(accelerator, output_dir: Path, global_step: int) -> Path:
     """save_state into step_N.partial, then rename: a killed save never looks complete."""
     final = checkpoint_dir(output_dir, global_step)
@@ -1118,10 +1143,10 @@ class Trainer:
     def finish(self) -> None:
         a = self.accelerator
         a.wait_for_everyone()
-        a.save_model(self.model, str(self.args.output_dir))
+        save_model_replacing(a, self.model, self.args.output_dir)
         if a.is_main_process:
             metrics = self.metrics()
-            (self.args.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            write_replacing(self.args.output_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
             a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}, "
                     f"{metrics['train_images_per_second']:,.0f} training images/s; "
                     f"wrote {self.args.output_dir / 'metrics.json'}")

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -443,3 +444,19 @@ def test_auto_decode_is_cpu_off_cuda_and_for_small_images(tmp_path):
     with pytest.raises(cv_example.InputError, match="--decode gpu"):
         cv_example.choose_decode("gpu", cpu, [])
     assert cv_example.mean_file_size([str(p) for p in small]) < cv_example.AUTO_GPU_DECODE_BYTES
+
+
+def test_results_replace_a_planted_symlink_and_follow_the_umask(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    planted = tmp_path / "metrics.json"
+    planted.symlink_to(victim)
+    old_mask = os.umask(0o027)
+    try:
+        cv_example.write_replacing(planted, "{}\n")
+    finally:
+        os.umask(old_mask)
+    assert victim.read_text() == "precious"
+    assert not planted.is_symlink() and planted.read_text() == "{}\n"
+    assert stat.S_IMODE(planted.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "victim.txt"]
