@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.processes import kill_group, linux_prctl
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
@@ -77,10 +77,7 @@ class _Supervisor:
             self.kill_timer.start()
 
     def kill_group(self) -> None:
-        try:
-            os.killpg(self.child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(self.child.pid)
 
     def clean_up(self) -> None:
         if self.kill_timer is not None:
@@ -108,10 +105,8 @@ class _SignalHandlers:
 
 def _parent_death_signal():
     """A preexec_fn asking Linux to SIGKILL the child if the launcher dies first; None elsewhere."""
-    if sys.platform != "linux":
+    prctl = linux_prctl()  # loaded before the fork: the child only makes one system call
+    if prctl is None:
         return None
-    import ctypes  # loaded before the fork: the child only makes one system call
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
     PR_SET_PDEATHSIG = 1
     return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

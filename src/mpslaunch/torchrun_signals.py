@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from mpslaunch.processes import kill_group, linux_prctl
 from mpslaunch.runner import STOPPING_SIGNALS
 
 FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
@@ -151,7 +152,7 @@ def sweep() -> list[int]:
         if not left:
             break
         for pid, pgid in left:
-            _kill_group(pgid)
+            kill_group(pgid)
         _reap([pid for pid, _ in left])
         swept += [pid for pid, _ in left]
     return swept
@@ -162,7 +163,7 @@ def adopt_orphans() -> Iterator[None]:
     """Linux: while the run lasts, what a rank leaves behind when it exits becomes our child
     (PR_SET_CHILD_SUBREAPER) instead of init's, so `sweep` can find and end it. Elsewhere a
     helper of a rank that exited on its own is not found."""
-    prctl = _prctl()
+    prctl = linux_prctl()
     if prctl is None:
         yield
         return
@@ -176,22 +177,6 @@ def adopt_orphans() -> Iterator[None]:
 
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
-
-
-def _prctl():
-    if sys.platform != "linux":
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _reap(pids: list[int], seconds: float = 5.0) -> None:
