@@ -353,7 +353,6 @@ def test_jpeg_size_reads_the_frame_header(tmp_path):
 
 def test_gpu_decode_path_draws_the_cpu_paths_crop_and_flip(tmp_path):
     """augmentation_params gives exactly the crop and flip train_transform draws for a seed."""
-    from torchvision.io import decode_image, encode_jpeg
     from torchvision.transforms import v2
     size = 20
     transform = cv_example.train_transform(size)

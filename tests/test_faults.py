@@ -20,14 +20,12 @@ import resource
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 from hypothesis import given, settings, strategies as st
 
 from conftest import run_cli, write_script

@@ -16,7 +16,6 @@ What the torchrun path does with each signal (torchrun_signals.py):
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

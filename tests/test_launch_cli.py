@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -131,7 +130,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert result.returncode == 0
     assert not marker.exists()
     assert "device:          cpu" in result.stdout
-    assert f"touch.py --epochs 3" in result.stdout
+    assert "touch.py --epochs 3" in result.stdout
     assert "ACCELERATE_USE_CPU=true" in result.stdout
 
 

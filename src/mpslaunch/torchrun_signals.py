@@ -26,7 +26,6 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
