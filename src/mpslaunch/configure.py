@@ -30,6 +30,7 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
+from mpslaunch.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
 
@@ -42,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="show: print the profile in force instead of writing one")
     parser.add_argument("--default", "--yes", "-y", dest="default", action="store_true",
                         help="write the default profile without asking (device auto)")
-    parser.add_argument("--profile", metavar="NAME", help="named profile in the config folder")
-    parser.add_argument("--config_file", "--config-file", metavar="PATH", help="profile file to write or show")
+    add_profile_options(parser, profile_help="named profile in the config folder",
+                        file_help="profile file to write or show")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
+from mpslaunch.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 
 CHECK_TIMEOUT_SECONDS = 20.0
@@ -77,8 +78,8 @@ print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the facts as JSON instead")
-    parser.add_argument("--profile", metavar="NAME", help="report this named profile")
-    parser.add_argument("--config_file", "--config-file", metavar="PATH", help="report this profile file")
+    add_profile_options(parser, profile_help="report this named profile",
+                        file_help="report this profile file")
     parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT_SECONDS, metavar="SECONDS",
                         help=f"time limit for the torch/MPS check (default {CHECK_TIMEOUT_SECONDS:g})")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.options import add_option, add_profile_options
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
 from mpslaunch.runner import DEFAULT_GRACE_SECONDS, run_child
 
@@ -25,9 +26,7 @@ from mpslaunch.runner import DEFAULT_GRACE_SECONDS, run_child
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     def option(name: str, **kwargs) -> None:
-        # Accelerate's spelling (--num_processes) and the dash form (--num-processes) both work.
-        spellings = [name] if "_" not in name else [name, name.replace("_", "-")]
-        parser.add_argument(*spellings, **kwargs)
+        add_option(parser, name, **kwargs)
 
     plan = parser.add_argument_group("what to run on")
     option("--cpu", action="store_true", help="run on the CPU whatever the machine has")
@@ -42,13 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--main_process_port", int, "port on machine 0 (0: pick a free one)"),
         ("--max_restarts", int, "restarts of the worker group after a failure"),
     ):
-        spellings = [name, name.replace("_", "-")]
-        multi.add_argument(*spellings, type=kind, metavar=name.split("_")[-1].upper(), help=text)
-    multi.add_argument("--rdzv_backend", "--rdzv-backend", choices=profiles.RDZV_BACKENDS,
-                       help="rendezvous: static (default) or c10d")
+        add_option(multi, name, type=kind, metavar=name.split("_")[-1].upper(), help=text)
+    add_option(multi, "--rdzv_backend", choices=profiles.RDZV_BACKENDS,
+               help="rendezvous: static (default) or c10d")
     option("--log_dir", metavar="DIR", help="also write each rank's output to DIR")
-    option("--config_file", metavar="PATH", help="profile file to use")
-    option("--profile", metavar="NAME", help="named profile from the config folder")
+    add_profile_options(parser)
     option("--grace_period", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
            help="after Ctrl-C or SIGTERM, how long the script may take to stop (default 30)")
     option("--dry_run", action="store_true", help="print the plan and run nothing")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.options import add_option, add_profile_options
 
 CHECK_SCRIPT = Path(__file__).parent / "checks" / "selfcheck.py"
 DEFAULT_TIMEOUT = 300.0
@@ -38,14 +39,11 @@ EXIT_FAILED = 1
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     def option(name: str, **kwargs) -> None:
-        # The same spellings as `mpslaunch launch`: --num_processes and --num-processes.
-        spellings = [name] if "_" not in name else [name, name.replace("_", "-")]
-        parser.add_argument(*spellings, **kwargs)
+        add_option(parser, name, **kwargs)  # the same spellings as `mpslaunch launch`
 
     from mpslaunch.profile import DEVICES, PRECISIONS
 
-    option("--config_file", metavar="PATH", help="profile file to use")
-    option("--profile", metavar="NAME", help="named profile from the config folder")
+    add_profile_options(parser)
     option("--cpu", action="store_true", help="test the cpu plan whatever the machine has")
     option("--device", choices=DEVICES, help="auto (default), mps, cuda or cpu")
     option("--mixed_precision", choices=PRECISIONS, help="no, fp16 or bf16")
