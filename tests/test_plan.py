@@ -169,6 +169,7 @@ def test_cuda_processes_are_one_per_gpu():
     plan = plan_for("linux_8gpu", num_processes=8)
     assert (plan.device, plan.engine, plan.world_size) == ("cuda", "torchrun", 8)
     assert "ACCELERATE_TORCH_DEVICE" not in plan.env  # each rank picks its own GPU
+    assert plan.env["OMP_NUM_THREADS"] == "1"  # torchrun's own default for GPU ranks
     assert "2 NVIDIA GPUs are visible" not in refusal("linux_1gpu", num_processes=2)
     assert "1 NVIDIA GPU is visible" in refusal("linux_1gpu", num_processes=2)
 

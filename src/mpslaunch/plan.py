@@ -304,9 +304,11 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         env["ACCELERATE_TORCH_DEVICE"] = device
     if device == "mps":
         env.update(mps_environment(settings, environ))
-    if device == "cpu" and settings.num_processes > 1 and "OMP_NUM_THREADS" not in environ:
-        # Several CPU processes each starting one thread per core oversubscribe the machine.
-        env["OMP_NUM_THREADS"] = str(max(1, machine.cpu_count // settings.num_processes))
+    if settings.num_processes > 1 and "OMP_NUM_THREADS" not in environ:
+        # Several CPU processes each starting one thread per core oversubscribe the machine, so
+        # they share the cores; GPU ranks get torchrun's own default, one thread.
+        env["OMP_NUM_THREADS"] = (str(max(1, machine.cpu_count // settings.num_processes))
+                                  if device == "cpu" else "1")
     return env
 
 

@@ -99,9 +99,6 @@ def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapp
                          platform: str = sys.platform) -> dict[str, str]:
     """What every rank gets on top of the user's environment: plan.env and what this path adds."""
     env = dict(plan.env)
-    if plan.num_processes > 1 and "OMP_NUM_THREADS" not in environ and "OMP_NUM_THREADS" not in env:
-        # torchrun's own default for several processes a machine; set here so --dry-run shows it.
-        env["OMP_NUM_THREADS"] = "1"
     if rendezvous.local:
         # gloo and nccl open listening sockets of their own: keep them on the loopback too.
         names = ["GLOO_SOCKET_IFNAME"] + (["NCCL_SOCKET_IFNAME"] if plan.device == "cuda" else [])
