@@ -158,6 +158,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def checkpointing_steps(text: str) -> str | int:
     if text == "epoch":
         return text
@@ -193,6 +203,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where training JPEGs are decoded: 'gpu' (nvjpeg, in the training "
                              "process) or 'cpu' (DataLoader workers); auto: gpu on CUDA when "
                              "torchvision can decode there, else cpu")
+    parser.add_argument("--image_cache_gb", type=non_negative_float, default=None,
+                        help="with --decode gpu: keep up to this many GB of decoded training "
+                             "images on the device, so later epochs skip reading and decoding "
+                             "them (default: a quarter of the GPU's memory on CUDA; 0: off)")
     parser.add_argument("--cpu", action="store_true", help="Accelerator(cpu=True)")
     parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=None,
                         help="Accelerator(mixed_precision=...); default: the launcher's plan")
@@ -306,7 +320,7 @@ class ImageFiles(Dataset):
     """
 
     def __init__(self, samples: list[tuple[Path, int]], transform, image_size: int,
-                 encoded: bool = False):
+                 encoded: bool = False, cached_sizes: torch.Tensor | None = None):
         self.paths = [str(path) for path, _ in samples]
         self.labels = [label for _, label in samples]
         self.transform = transform
@@ -314,6 +328,9 @@ class ImageFiles(Dataset):
         # --decode gpu: training JPEGs are not decoded here but read and given their crop and
         # flip (EncodedImage); the training process decodes them (JpegBatchDecoder).
         self.encoded = encoded
+        # (height, width) of the images the training process holds decoded (DecodedImageCache),
+        # 0 for the others: in shared memory, so the workers see it fill up.
+        self.cached_sizes = cached_sizes
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -340,18 +357,29 @@ class ImageFiles(Dataset):
 
     def read_encoded(self, index: int, seed: int) -> EncodedImage | None:
         """The file's bytes and the crop and flip the CPU path would give it, or None for
-        anything but a JPEG whose size the header tells (decoded here then, as before)."""
-        try:
-            with open(self.paths[index], "rb") as file:
-                data = file.read()
-        except OSError:
-            return None
-        size = jpeg_size(data)
+        anything but a JPEG whose size the header tells (decoded here then, as before).
+        An image the training process already holds decoded is not read: no bytes, only its
+        crop and flip."""
+        data, size = b"", self.cached_size(index)
         if size is None:
-            return None
+            try:
+                with open(self.paths[index], "rb") as file:
+                    data = file.read()
+            except OSError:
+                return None
+            size = jpeg_size(data)
+            if size is None:
+                return None
         with seeded_rng(seed):
             box, flip = augmentation_params(self.transform, *size)
         return EncodedImage(data, size, box, flip)
+
+    def cached_size(self, index: int) -> tuple[int, int] | None:
+        if self.cached_sizes is None:
+            return None
+        height, width = self.cached_sizes[index].tolist()
+        # Both set, or the training process is still writing them: read the file this time.
+        return (height, width) if height and width else None
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
@@ -395,7 +423,8 @@ def augmentation_params(transform: v2.Compose, height: int, width: int):
 
 
 class EncodedImage:
-    """A training JPEG not decoded yet: its bytes, size, crop box and flip."""
+    """A training JPEG not decoded yet: its bytes (none when the training process holds it
+    decoded already), size, crop box and flip."""
 
     __slots__ = ("data", "size", "box", "flip")
 
@@ -407,15 +436,16 @@ class EncodedBatch:
     """A training batch as the workers send it with --decode gpu.
 
     data: the JPEGs' bytes end to end (one shared-memory block, not one per image), split by
-    sizes; meta: float (jpegs, 8): slot, left, top, right, bottom (roi_align's box), height,
+    sizes (0: held in the DecodedImageCache); jpeg_indices: their data set indices; meta: float (jpegs, 8): slot, left, top, right, bottom (roi_align's box), height,
     width, flip; ready: images the workers decoded themselves (PNGs, unusual JPEGs, unreadable
     ones), already transformed, at ready_positions in the batch.
     """
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, indices: list[int]):
         jpegs = [(pos, item) for pos, item in enumerate(items) if isinstance(item, EncodedImage)]
         self.count = len(items)
         self.jpeg_positions = [pos for pos, _ in jpegs]
+        self.jpeg_indices = [indices[pos] for pos, _ in jpegs]
         self.ready_positions = [pos for pos, item in enumerate(items)
                                 if not isinstance(item, EncodedImage)]
         self.sizes = [len(item.data) for _, item in jpegs]
@@ -444,7 +474,36 @@ class EncodedBatch:
 
 def collate_encoded(batch: list) -> tuple[EncodedBatch, torch.Tensor, torch.Tensor]:
     items, labels, indices = zip(*batch)
-    return EncodedBatch(list(items)), torch.tensor(labels), torch.tensor(indices)
+    return EncodedBatch(list(items), list(indices)), torch.tensor(labels), torch.tensor(indices)
+
+
+class DecodedImageCache:
+    """Training images kept decoded on the device, so later epochs neither read nor decode them.
+
+    Kept at full resolution, exactly as decoded: a crop from the cache is the crop of a fresh
+    decode, bit for bit, so a resumed run (which starts with an empty cache) still ends with
+    the weights of an uninterrupted one. Images are added until `budget_bytes` is used (never
+    evicted); `sizes` (shared memory, filled last) tells the DataLoader workers which images
+    not to read any more.
+    """
+
+    def __init__(self, count: int, budget_bytes: int):
+        self.sizes = torch.zeros((count, 2), dtype=torch.int32).share_memory_()
+        self.images: dict[int, torch.Tensor] = {}
+        self.budget_bytes, self.used_bytes = budget_bytes, 0
+
+    def get(self, index: int) -> torch.Tensor | None:
+        return self.images.get(index)
+
+    def add(self, index: int, image: torch.Tensor) -> None:
+        if index in self.images or self.used_bytes + image.numel() > self.budget_bytes:
+            return
+        if image.untyped_storage().nbytes() != image.numel():  # a view would pin its whole base
+            image = image.clone()
+        self.images[index] = image
+        self.used_bytes += image.numel()
+        self.sizes[index, 1] = image.shape[2]
+        self.sizes[index, 0] = image.shape[1]  # workers take an image as cached once both are set
 
 
 class JpegBatchDecoder:
@@ -460,8 +519,9 @@ class JpegBatchDecoder:
     then on the CPU; an image nothing decodes comes back blank and is returned in `failed`.
     """
 
-    def __init__(self, device: torch.device, image_size: int):
-        self.device, self.size = device, image_size
+    def __init__(self, device: torch.device, image_size: int,
+                 cache: DecodedImageCache | None = None):
+        self.device, self.size, self.cache = device, image_size, cache
 
     def decode(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
         try:
@@ -482,6 +542,21 @@ class JpegBatchDecoder:
             image = v2.functional.to_dtype(image, torch.uint8, scale=True)
         return image.to(self.device)
 
+    def decode_or_recall(self, batch: EncodedBatch,
+                         sizes: list[tuple[int, int]]) -> list[torch.Tensor | None]:
+        """Each JPEG of the batch decoded: from the cache when the worker sent no bytes, else
+        decoded now (all in one call) and offered to the cache."""
+        encoded = torch.split(batch.data, batch.sizes)
+        fresh = [slot for slot, size in enumerate(batch.sizes) if size]
+        images = [None if size else self.cache.get(batch.jpeg_indices[slot])
+                  for slot, size in enumerate(batch.sizes)]
+        decoded = self.decode([encoded[slot] for slot in fresh]) if fresh else []
+        for slot, image in zip(fresh, decoded):
+            images[slot] = image
+            if self.cache is not None and image is not None and image.shape[1:] == sizes[slot]:
+                self.cache.add(batch.jpeg_indices[slot], image)
+        return images
+
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[int]]:
         size, device = self.size, self.device
         failed = []
@@ -489,7 +564,7 @@ class JpegBatchDecoder:
             return batch.ready.to(device, non_blocking=True), failed
         meta = batch.meta.to(device, non_blocking=True)
         heights, widths = batch.meta[:, 5].long().tolist(), batch.meta[:, 6].long().tolist()
-        images = self.decode(list(torch.split(batch.data, batch.sizes)))
+        images = self.decode_or_recall(batch, list(zip(heights, widths)))
         count = len(images)
         canvas = torch.zeros((count, 3, max(heights) + 1, max(widths) + 1), dtype=torch.uint8,
                              device=device)
@@ -531,8 +606,9 @@ class DecodeAhead:
 
     DONE = object()
 
-    def __init__(self, loader, prepare, device: torch.device, depth: int = 3):
+    def __init__(self, loader, prepare, device: torch.device, stream=None, depth: int = 3):
         self.loader, self.prepare, self.device, self.depth = loader, prepare, device, depth
+        self.stream = stream  # CUDA: the same stream every epoch (the cache's images live on it)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -541,7 +617,8 @@ class DecodeAhead:
         batches: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
+        stream = self.stream if self.stream is not None or not cuda else torch.cuda.Stream(
+            self.device)
 
         def put(item) -> bool:
             while not stop.is_set():
@@ -586,6 +663,19 @@ class DecodeAhead:
         finally:
             stop.set()
             thread.join()
+
+
+def make_image_cache(count: int, gigabytes: float | None,
+                     device: torch.device) -> DecodedImageCache | None:
+    """--image_cache_gb; by default a quarter of a CUDA device's memory (the H200's 140 GB
+    hold the Oxford-IIIT Pet photos decoded many times over; most GPUs hold them too)."""
+    if gigabytes is None:
+        if device.type != "cuda":
+            return None
+        budget = torch.cuda.get_device_properties(device).total_memory // 4
+    else:
+        budget = int(gigabytes * 1e9)
+    return DecodedImageCache(count, budget) if budget > 0 else None
 
 
 def mean_file_size(paths: list[str]) -> float:
@@ -980,9 +1070,15 @@ class Trainer:
                                         args.seed)
         self.decode = choose_decode(args.decode, self.device, [str(p) for p, _ in train])
         gpu_decode = self.decode == "gpu"
-        self.jpeg_decoder = JpegBatchDecoder(self.device, args.image_size) if gpu_decode else None
-        self.train_set = ImageFiles(train, train_transform(args.image_size), args.image_size,
-                                    encoded=gpu_decode)
+        self.image_cache = make_image_cache(len(train), args.image_cache_gb, self.device) \
+            if gpu_decode else None
+        self.jpeg_decoder = JpegBatchDecoder(self.device, args.image_size, self.image_cache) \
+            if gpu_decode else None
+        self.decode_stream = torch.cuda.Stream(self.device) \
+            if gpu_decode and self.device.type == "cuda" else None
+        self.train_set = ImageFiles(
+            train, train_transform(args.image_size), args.image_size, encoded=gpu_decode,
+            cached_sizes=self.image_cache.sizes if self.image_cache is not None else None)
         self.eval_set = ImageFiles(evals, eval_transform(args.image_size), args.image_size)
         self.sampler = EpochShuffle(len(self.train_set), args.seed)
         workers = args.num_workers
@@ -1003,7 +1099,7 @@ class Trainer:
         """The loader's batches as images on the device (--decode gpu: decoded ahead)."""
         if self.jpeg_decoder is None:
             return loader
-        return DecodeAhead(loader, self.prepare_batch, self.device)
+        return DecodeAhead(loader, self.prepare_batch, self.device, self.decode_stream)
 
     def prepare_batch(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
         """--decode gpu: an EncodedBatch becomes images on the device; images that did not
@@ -1169,6 +1265,7 @@ class Trainer:
             "startup_s": STARTUP.since(started),
             "device": self.device.type,
             "decode": self.decode,
+            "cached_images": len(self.image_cache.images) if self.image_cache else 0,
             "mixed_precision": a.mixed_precision,
             "num_processes": a.num_processes,
             "model": args.model,

@@ -242,6 +242,10 @@ BAD_INPUTS = {
         "only the class 'cat'"),
     "image_size 0": (lambda tmp: ["--data_dir", tmp, "--image_size", "0"], "--image_size"),
     "negative batch_size": (lambda tmp: ["--data_dir", tmp, "--batch_size", "-4"], "--batch_size"),
+    "negative image_cache_gb": (lambda tmp: ["--data_dir", tmp, "--image_cache_gb", "-1"],
+                                "--image_cache_gb: must be 0 or more"),
+    "image_cache_gb nan": (lambda tmp: ["--data_dir", tmp, "--image_cache_gb", "nan"],
+                           "--image_cache_gb: must be 0 or more"),
     "bad checkpointing_steps": (lambda tmp: ["--data_dir", tmp, "--checkpointing_steps", "often"],
                                 "'epoch' or a number"),
     "unknown model": (
@@ -408,6 +412,19 @@ def test_encoded_batches_decode_close_to_the_cpu_path(tmp_path):
         assert difference[position].max() <= 24, position
 
 
+def run_patched_example(*args) -> subprocess.CompletedProcess:
+    """cv_example with --decode gpu's pipeline forced on (decoding on the CPU: CI has no GPU);
+    in a child process, as a user runs it (forking workers from pytest's process can hang)."""
+    script = ("import importlib.util, sys\n"
+              f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
+              "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
+              "spec.loader.exec_module(cv)\n"
+              "cv.choose_decode = lambda *args: 'gpu'\n"
+              "sys.exit(cv.main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
+                          text=True, timeout=180, env=child_env())
+
+
 def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
     """The training loop with the encoded pipeline and two workers (decoding on the CPU here);
     in a child process, as a user runs it (forking workers from pytest's process can hang)."""
@@ -416,16 +433,8 @@ def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
     for path in paths[:2]:
         path.write_bytes(path.read_bytes()[:200])
     output = tmp_path / "out"
-    script = ("import importlib.util, sys\n"
-              f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
-              "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
-              "spec.loader.exec_module(cv)\n"
-              "cv.choose_decode = lambda *args: 'gpu'\n"
-              "sys.exit(cv.main(sys.argv[1:]))\n")
-    result = subprocess.run(
-        [sys.executable, "-c", script, "--data_dir", str(images), "--output_dir", str(output),
-         "--num_epochs", "1", "--num_workers", "2", *TINY],
-        capture_output=True, text=True, timeout=180, env=child_env())
+    result = run_patched_example("--data_dir", images, "--output_dir", output,
+                                 "--num_epochs", 1, "--num_workers", 2, *TINY)
     assert_ran(result)
     assert "JPEGs decoded on the gpu" in result.stdout
     assert "could not be decoded (corrupt or truncated)" in result.stderr
@@ -433,6 +442,65 @@ def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
     assert metrics["decode"] == "gpu"
     assert_trained(metrics, epochs=1, images=60, processes=1)
     assert metrics["skipped_images"] == 2
+
+
+def test_cached_images_are_not_read_again_and_crop_exactly_like_fresh_ones(tmp_path):
+    """The second time round, the worker sends no bytes for an image the cache holds (only its
+    crop and flip, the same numbers), and the decoder gives the very same pixels from the
+    cache; a truncated JPEG (decoded to the wrong size or not at all) is never cached."""
+    paths = demo.write_demo_images(tmp_path, count=9, size=40, seed=4)
+    truncated = tmp_path / "cut_1.jpg"
+    truncated.write_bytes(paths[0].read_bytes()[:300])
+    paths.append(truncated)
+    size = 24
+    samples = [(path, i % 2) for i, path in enumerate(paths)]
+    cache = cv_example.DecodedImageCache(len(paths), budget_bytes=10**9)
+    dataset = cv_example.ImageFiles(samples, cv_example.train_transform(size), size,
+                                    encoded=True, cached_sizes=cache.sizes)
+    decoder = cv_example.JpegBatchDecoder(torch.device("cpu"), size, cache)
+    items = list(cv_example.EpochShuffle(len(paths), seed=3))
+
+    def one_batch():
+        batch, _, _ = cv_example.collate_encoded([dataset[item] for item in items])
+        return batch, *decoder(batch)
+
+    first, first_images, first_failed = one_batch()
+    assert all(first.sizes) and len(cache.images) == len(paths) - 1
+    cut = paths.index(truncated)
+    assert cut not in cache.images and cache.sizes[cut].tolist() == [0, 0]
+    again, images, failed = one_batch()
+    assert [size == 0 for size in again.sizes] == [index != cut for index, _ in items]
+    assert torch.equal(again.meta, first.meta)  # same crops and flips
+    assert torch.equal(images, first_images) and failed == first_failed
+    assert cache.used_bytes == 9 * 3 * 40 * 40
+
+
+def test_cache_budget_is_kept(tmp_path):
+    cache = cv_example.DecodedImageCache(4, budget_bytes=2 * 3 * 10 * 10)
+    for index in range(4):
+        cache.add(index, torch.zeros(3, 10, 10, dtype=torch.uint8))
+    assert sorted(cache.images) == [0, 1] and cache.sizes[:, 0].tolist() == [10, 10, 0, 0]
+    whole = torch.zeros(2, 3, 10, 10, dtype=torch.uint8)
+    roomy = cv_example.DecodedImageCache(1, budget_bytes=10**6)
+    roomy.add(0, whole[1])  # a view into a batch: copied, so it does not keep the batch alive
+    assert roomy.images[0].untyped_storage().nbytes() == 300
+
+
+@pytest.mark.parametrize("cache_gb", ["0", "1"])
+def test_decode_gpu_training_ends_the_same_with_and_without_the_cache(tmp_path, cache_gb):
+    """Two epochs through the encoded pipeline with two workers; with the cache, the second
+    epoch reads no file and decodes nothing, and the weights come out bit-identical."""
+    images = tmp_path / "images"
+    demo.write_demo_images(images, count=50, size=24, classes=3, seed=6)
+    reference, output = tmp_path / "reference", tmp_path / "out"
+    common = ["--data_dir", images, "--num_epochs", 2, "--num_workers", 2, *TINY]
+    assert_ran(run_patched_example(*common, "--output_dir", reference, "--image_cache_gb", "0"))
+    assert_ran(run_patched_example(*common, "--output_dir", output, "--image_cache_gb", cache_gb))
+    metrics = read_metrics(output)
+    assert metrics["cached_images"] == (metrics["train_images"] if cache_gb == "1" else 0)
+    expected = load_file(reference / "model.safetensors")
+    weights = load_file(output / "model.safetensors")
+    assert all(torch.equal(expected[name], weights[name]) for name in expected)
 
 
 def test_auto_decode_is_cpu_off_cuda_and_for_small_images(tmp_path):
