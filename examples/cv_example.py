@@ -90,14 +90,45 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-import torch.nn.functional as F
-import torchvision
-from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import set_seed
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
-from torchvision.transforms import v2
-from tqdm.auto import tqdm
+
+
+def start_cuda_warm_up() -> threading.Thread | None:
+    """Start CUDA in a thread (driver, context, cuDNN and cuBLAS loaded: about a second on an
+    H200) while this thread imports torchvision and Accelerate (seconds of Python): torch
+    releases the GIL while CUDA starts, so the two overlap. Not for a CPU run; best effort (a
+    failure shows again, and is reported, where the training touches the device)."""
+    if "--cpu" in sys.argv[1:] or os.environ.get("ACCELERATE_USE_CPU", "").lower() in (
+            "1", "true", "yes"):
+        return None
+
+    def warm_up() -> None:
+        try:
+            if not torch.cuda.is_available():
+                return
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            images = torch.zeros(2, 3, 8, 8, device=device, requires_grad=True)
+            weights = torch.zeros(4, 3, 3, 3, device=device, requires_grad=True)
+            torch.nn.functional.conv2d(images, weights).sum().backward()  # cuDNN, both ways
+            torch.mm(weights.detach().view(4, -1), weights.detach().view(-1, 4))  # cuBLAS
+            torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+
+    thread = threading.Thread(target=warm_up, name="cuda-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+CUDA_WARM_UP = start_cuda_warm_up()
+
+import torch.nn.functional as F  # noqa: E402 - after the warm-up starts, on purpose
+import torchvision  # noqa: E402
+from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402
+from accelerate.utils import set_seed  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info  # noqa: E402
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 PROG = "cv_example"
 
@@ -1011,6 +1042,8 @@ class StopRequest:
 
 
 def make_accelerator(args) -> Accelerator:
+    if CUDA_WARM_UP is not None:  # done before any DataLoader worker is forked
+        CUDA_WARM_UP.join()
     options = {}
     if args.cpu:
         options["cpu"] = True
