@@ -52,11 +52,14 @@ Progress: a tqdm bar on the main process with loss and images/s, the eval accura
 epoch, and at the end `metrics.json` in `--output_dir`:
   eval_accuracy, eval_accuracy_per_epoch, epochs, global_step, train_images_per_second
   (images trained by all processes / seconds spent in training loops, waiting for data
-  included, eval excluded; for a resumed run, only the part run now) and the same for each
-  epoch (train_images_per_second_per_epoch: the first includes starting up), time_to_first_step_s
-  (from the process start to the end of the first optimizer step), first_step_finished_at
-  (Unix time), startup_s (seconds from the process start to each start-up phase), device, mixed_precision, num_processes, model, image_size, batch_size (per
-  process), train_images, eval_images, skipped_images, seed.
+  included, eval excluded, counted from the end of the first step, which is start-up; for a
+  resumed run, only the part run now), the same for each epoch
+  (train_images_per_second_per_epoch) and with the first step included
+  (train_images_per_second_with_first_step), time_to_first_step_s (from the process start to
+  the end of the first optimizer step), first_step_finished_at (Unix time), startup_s (seconds
+  from the process start to each start-up phase), device, decode, cached_images,
+  mixed_precision, num_processes, model, image_size, batch_size (per process), train_images,
+  eval_images, skipped_images, seed.
 and the trained weights as `model.safetensors`.
 
 Checkpoints (Accelerate's save_state/load_state: model, optimizer, LR schedule, random states
@@ -85,52 +88,24 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-
-
-def start_cuda_warm_up() -> threading.Thread | None:
-    """Start CUDA in a thread (driver, context, cuDNN and cuBLAS loaded: about a second on an
-    H200) while this thread imports torchvision and Accelerate (seconds of Python): torch
-    releases the GIL while CUDA starts, so the two overlap. Not for a CPU run; best effort (a
-    failure shows again, and is reported, where the training touches the device)."""
-    if "--cpu" in sys.argv[1:] or os.environ.get("ACCELERATE_USE_CPU", "").lower() in (
-            "1", "true", "yes"):
-        return None
-
-    def warm_up() -> None:
-        try:
-            if not torch.cuda.is_available():
-                return
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            images = torch.zeros(2, 3, 8, 8, device=device, requires_grad=True)
-            weights = torch.zeros(4, 3, 3, 3, device=device, requires_grad=True)
-            torch.nn.functional.conv2d(images, weights).sum().backward()  # cuDNN, both ways
-            torch.mm(weights.detach().view(4, -1), weights.detach().view(-1, 4))  # cuBLAS
-            torch.cuda.synchronize(device)
-        except Exception:  # noqa: BLE001 - see the docstring
-            pass
-
-    thread = threading.Thread(target=warm_up, name="cuda-warm-up", daemon=True)
-    thread.start()
-    return thread
-
-
-CUDA_WARM_UP = start_cuda_warm_up()
-
-import torch.nn.functional as F  # noqa: E402 - after the warm-up starts, on purpose
-import torchvision  # noqa: E402
-from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402
-from accelerate.utils import set_seed  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info  # noqa: E402
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file  # noqa: E402
-from torchvision.transforms import v2  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+import torch.nn.functional as F
+import torchvision
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
+from torchvision.transforms import v2
+from tqdm.auto import tqdm
 
 PROG = "cv_example"
+# JpegBatchDecoder pads a batch's images through a nested tensor, a stable use of a "prototype" API.
+warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
 
 
 class StartupClock:
@@ -526,15 +501,20 @@ class DecodedImageCache:
     def get(self, index: int) -> torch.Tensor | None:
         return self.images.get(index)
 
-    def add(self, index: int, image: torch.Tensor) -> None:
-        if index in self.images or self.used_bytes + image.numel() > self.budget_bytes:
-            return
-        if image.untyped_storage().nbytes() != image.numel():  # a view would pin its whole base
-            image = image.clone()
-        self.images[index] = image
-        self.used_bytes += image.numel()
-        self.sizes[index, 1] = image.shape[2]
-        self.sizes[index, 0] = image.shape[1]  # workers take an image as cached once both are set
+    def add(self, indices: list[int], images: list[torch.Tensor]) -> None:
+        added = []
+        for index, image in zip(indices, images):
+            if index in self.images or self.used_bytes + image.numel() > self.budget_bytes:
+                continue
+            if image.untyped_storage().nbytes() != image.numel():  # a view pins its whole base
+                image = image.clone()
+            self.images[index] = image
+            self.used_bytes += image.numel()
+            added.append((index, *image.shape[1:]))
+        if added:  # workers take an image as cached once both its sizes are set: height last
+            index, heights, widths = torch.tensor(added, dtype=torch.int64).unbind(1)
+            self.sizes[index, 1] = widths.int()
+            self.sizes[index, 0] = heights.int()
 
 
 class JpegBatchDecoder:
@@ -553,6 +533,7 @@ class JpegBatchDecoder:
     def __init__(self, device: torch.device, image_size: int,
                  cache: DecodedImageCache | None = None):
         self.device, self.size, self.cache = device, image_size, cache
+        self.nothing = torch.zeros((3, 1, 1), dtype=torch.uint8, device=device)
 
     def decode(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
         try:
@@ -584,8 +565,11 @@ class JpegBatchDecoder:
         decoded = self.decode([encoded[slot] for slot in fresh]) if fresh else []
         for slot, image in zip(fresh, decoded):
             images[slot] = image
-            if self.cache is not None and image is not None and image.shape[1:] == sizes[slot]:
-                self.cache.add(batch.jpeg_indices[slot], image)
+        if self.cache is not None:
+            whole = [slot for slot, image in zip(fresh, decoded)
+                     if image is not None and image.shape[1:] == sizes[slot]]
+            self.cache.add([batch.jpeg_indices[slot] for slot in whole],
+                           [images[slot] for slot in whole])
         return images
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[int]]:
@@ -597,13 +581,14 @@ class JpegBatchDecoder:
         heights, widths = batch.meta[:, 5].long().tolist(), batch.meta[:, 6].long().tolist()
         images = self.decode_or_recall(batch, list(zip(heights, widths)))
         count = len(images)
-        canvas = torch.zeros((count, 3, max(heights) + 1, max(widths) + 1), dtype=torch.uint8,
-                             device=device)
         for slot, (image, height, width) in enumerate(zip(images, heights, widths)):
             if image is None or image.shape[1:] != (height, width):
                 failed.append(batch.jpeg_positions[slot])
-                continue
-            canvas[slot, :, :height, :width] = image
+                images[slot] = self.nothing  # its crop is blanked below
+        # Each image at the top left of its slot, zeros around: one call, not a copy per
+        # image (their Python would compete with the training loop's for the interpreter).
+        canvas = torch.nested.as_nested_tensor(images).to_padded_tensor(
+            0, output_size=(count, 3, max(heights) + 1, max(widths) + 1))
         extent = meta[:, 5:7].long().view(count, 2, 1, 1, 1)
         _, _, rows, cols = canvas.shape
         edge = (extent[:, 1] - 1).expand(count, 3, rows, 1)  # the last column, one further
@@ -1042,8 +1027,6 @@ class StopRequest:
 
 
 def make_accelerator(args) -> Accelerator:
-    if CUDA_WARM_UP is not None:  # done before any DataLoader worker is forked
-        CUDA_WARM_UP.join()
     options = {}
     if args.cpu:
         options["cpu"] = True
@@ -1093,6 +1076,7 @@ class Trainer:
         self.images_trained = 0
         self.epoch_rates: list[float] = []  # images/s of each epoch run in this process
         self.first_step_finished_at: float | None = None
+        self.first_step = (0.0, 0)  # (seconds from the epoch's start, images) when run here
 
     def make_loaders(self, samples) -> tuple[DataLoader, DataLoader]:
         args = self.args
@@ -1214,6 +1198,10 @@ class Trainer:
                 loss.item()  # wait for the device, so the time is honest
                 self.first_step_finished_at = time.time()
                 STARTUP.mark("first_step_done")
+                # The first step is start-up (loading kernels, choosing algorithms, the first
+                # batch): reported as time_to_first_step_s, the rates count from its end.
+                self.first_step = (time.perf_counter() - started, images)
+                started, images = time.perf_counter(), 0
             bar.update(1)
             if time.perf_counter() - shown_at > 1.0:  # reading the loss syncs: not every step
                 shown_at = time.perf_counter()
@@ -1291,6 +1279,9 @@ class Trainer:
             "epochs": position.epoch,
             "global_step": position.global_step,
             "train_images_per_second": self.images_trained / self.train_seconds
+            if self.train_seconds else None,
+            "train_images_per_second_with_first_step":
+            (self.images_trained + self.first_step[1]) / (self.train_seconds + self.first_step[0])
             if self.train_seconds else None,
             "train_images_per_second_per_epoch": self.epoch_rates,
             "time_to_first_step_s": first - started if first and started else None,

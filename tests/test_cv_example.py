@@ -24,7 +24,9 @@ import torch
 from safetensors.torch import load_file
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
+              # cv_example filters it too, but pytest resets the filters for each test
+              pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "cv_example.py"
@@ -476,14 +478,15 @@ def test_cached_images_are_not_read_again_and_crop_exactly_like_fresh_ones(tmp_p
 
 
 def test_cache_budget_is_kept(tmp_path):
-    cache = cv_example.DecodedImageCache(4, budget_bytes=2 * 3 * 10 * 10)
-    for index in range(4):
-        cache.add(index, torch.zeros(3, 10, 10, dtype=torch.uint8))
-    assert sorted(cache.images) == [0, 1] and cache.sizes[:, 0].tolist() == [10, 10, 0, 0]
-    whole = torch.zeros(2, 3, 10, 10, dtype=torch.uint8)
+    cache = cv_example.DecodedImageCache(5, budget_bytes=2 * 3 * 10 * 10)
+    cache.add([3, 1, 4, 0], [torch.zeros(3, 10, 10, dtype=torch.uint8)] * 4)
+    assert sorted(cache.images) == [1, 3] and cache.sizes.tolist() == [
+        [0, 0], [10, 10], [0, 0], [10, 10], [0, 0]]
+    whole = torch.zeros(2, 3, 10, 12, dtype=torch.uint8)
     roomy = cv_example.DecodedImageCache(1, budget_bytes=10**6)
-    roomy.add(0, whole[1])  # a view into a batch: copied, so it does not keep the batch alive
-    assert roomy.images[0].untyped_storage().nbytes() == 300
+    roomy.add([0], [whole[1]])  # a view into a batch: copied, so it does not keep the batch alive
+    assert roomy.images[0].untyped_storage().nbytes() == 360
+    assert roomy.sizes.tolist() == [[10, 12]]
 
 
 @pytest.mark.parametrize("cache_gb", ["0", "1"])
