@@ -73,6 +73,12 @@ def load_example(name: str):
     return module
 
 
+def import_cv_classifier() -> None:
+    """examples/ on sys.path, for the package cv_example.py is made of (examples/cv_classifier)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -184,16 +190,19 @@ def pure_step_worker(args: argparse.Namespace) -> int:
     import torch
     from accelerate import Accelerator
 
-    cv = load_example("cv_example")
+    import_cv_classifier()
+    from cv_classifier.model import (Normalizer, build_model, make_optimizer, memory_format_for,
+                                     train_step)
+
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device = accelerator.device
-    memory_format = cv.memory_format_for(device)
-    model = cv.build_model(args.model, args.num_classes, pretrained=False)
+    memory_format = memory_format_for(device)
+    model = build_model(args.model, args.num_classes, pretrained=False)
     model = model.to(memory_format=memory_format)
-    optimizer, scheduler = cv.make_optimizer(model, peak_lr=3e-3, total_steps=10**7,
-                                             device=device)
+    optimizer, scheduler = make_optimizer(model, peak_lr=3e-3, total_steps=10**7,
+                                          device=device)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    normalize = cv.Normalizer(device, memory_format)
+    normalize = Normalizer(device, memory_format)
     size, batch = args.image_size, args.batch_size
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
     labels = torch.randint(0, args.num_classes, (batch,), device=device)
@@ -201,8 +210,7 @@ def pure_step_worker(args: argparse.Namespace) -> int:
     def steps(count: int) -> float:
         started = time.perf_counter()
         for _ in range(count):
-            loss = cv.train_step(accelerator, model, optimizer, scheduler, normalize, images,
-                                 labels)
+            loss = train_step(accelerator, model, optimizer, scheduler, normalize, images, labels)
         loss.item()  # waits for the device
         return time.perf_counter() - started
 
@@ -238,12 +246,16 @@ def loader_worker(args: argparse.Namespace) -> int:
     """Runs in its own process: cv_example's training loader, built by its own Trainer."""
     import torch
 
-    cv = load_example("cv_example")
+    cv = load_example("cv_example")  # its parse_args; the rest is in its package
+    import_cv_classifier()
+    from cv_classifier.images import find_images
+    from cv_classifier.trainer import Trainer, make_accelerator
+
     cv_args = cv.parse_args(example_args(args, args.loader_data_dir, args.image_size, 1)
                             + (["--cpu"] if args.cpu else [])
                             + ["--mixed_precision", args.mixed_precision])
-    samples, skipped = cv.find_images(cv_args.data_dir)
-    trainer = cv.Trainer(cv_args, cv.make_accelerator(cv_args), samples, skipped)
+    samples, skipped = find_images(cv_args.data_dir)
+    trainer = Trainer(cv_args, make_accelerator(cv_args), samples, skipped)
     rates = []
     for epoch in range(args.loader_epochs):
         trainer.sampler.set_epoch(epoch)

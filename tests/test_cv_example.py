@@ -30,6 +30,17 @@ pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationW
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "cv_example.py"
+sys.path.insert(0, str(EXAMPLE.parent))  # for examples/cv_classifier, the package cv_example.py runs
+
+from cv_classifier.checkpoints import latest_checkpoint, write_replacing
+from cv_classifier.cli import InputError
+from cv_classifier.data import UNREADABLE, EpochShuffle, ImageFiles, seeded_rng, train_transform
+from cv_classifier.gpu_decode import (AUTO_GPU_DECODE_BYTES, DecodedImageCache, JpegBatchDecoder,
+                                      augmentation_params, choose_decode, collate_encoded,
+                                      jpeg_size, mean_file_size)
+from cv_classifier.images import check_batch_fits, pet_layout, split_train_eval
+from cv_classifier.model import build_model, replace_classifier
+
 TINY = ["--model", "squeezenet1_1", "--image_size", "24", "--batch_size", "4", "--cpu"]
 
 
@@ -107,7 +118,7 @@ def test_trains_on_pet_named_files_and_writes_metrics(uninterrupted_run):
     assert_trained(metrics, epochs=2, images=200, processes=1)
     assert metrics["model"] == "squeezenet1_1" and metrics["skipped_images"] == 0
     weights = load_file(uninterrupted_run / "model.safetensors")
-    untrained = cv_example.build_model("squeezenet1_1", 10, pretrained=False).state_dict()
+    untrained = build_model("squeezenet1_1", 10, pretrained=False).state_dict()
     assert weights.keys() == untrained.keys()
     assert not all(torch.equal(weights[k], untrained[k]) for k in weights if k.endswith("weight"))
 
@@ -190,7 +201,7 @@ def test_resume_after_sigterm_ends_exactly_like_the_uninterrupted_run(
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert not (tmp_path / "metrics.json").exists()
-    last = cv_example.latest_checkpoint(tmp_path)
+    last = latest_checkpoint(tmp_path)
     stopped_at = int(last.name.split("_")[1])
     total_steps = read_metrics(uninterrupted_run)["global_step"]
     assert 3 <= stopped_at < total_steps  # really mid-training
@@ -215,7 +226,7 @@ def test_ctrl_c_to_the_whole_process_group_saves_a_checkpoint(pet_images, tmp_pa
         pet_images, tmp_path, lambda process: os.killpg(process.pid, signal.SIGINT))
     assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
-    last = cv_example.latest_checkpoint(tmp_path)
+    last = latest_checkpoint(tmp_path)
     assert (last / "model.safetensors").is_file() and (last / "random_states_0.pkl").is_file()
     assert not list((tmp_path / "checkpoints").glob("*.partial"))
 
@@ -291,9 +302,9 @@ def test_batch_larger_than_the_training_set_is_an_input_error(tmp_path, capsys):
     assert capsys.readouterr().err == ("cv_example: error: --batch_size 9 x 1 process(es) is more "
                                        "than the 8 training images; use a smaller --batch_size "
                                        "or more images\n")
-    with pytest.raises(cv_example.InputError, match="x 2 process"):
-        cv_example.check_batch_fits(num_train=8, batch_size=5, processes=2)
-    cv_example.check_batch_fits(num_train=8, batch_size=4, processes=2)
+    with pytest.raises(InputError, match="x 2 process"):
+        check_batch_fits(num_train=8, batch_size=5, processes=2)
+    check_batch_fits(num_train=8, batch_size=4, processes=2)
 
 
 # ---------------------------------------------------------------- pieces
@@ -302,7 +313,7 @@ def test_batch_larger_than_the_training_set_is_an_input_error(tmp_path, capsys):
 def test_pet_names_label_is_everything_before_the_last_number(tmp_path):
     names = ["american_bulldog_12.jpg", "Abyssinian_3.JPEG", "great_pyrenees_7_100.png",
              "._american_bulldog_13.jpg", "nonumber.jpg", "notes_1.txt"]
-    found = cv_example.pet_layout([tmp_path / name for name in names])
+    found = pet_layout([tmp_path / name for name in names])
     assert [(p.name, label) for p, label in found] == [
         ("american_bulldog_12.jpg", "american_bulldog"), ("Abyssinian_3.JPEG", "Abyssinian"),
         ("great_pyrenees_7_100.png", "great_pyrenees_7")]
@@ -313,22 +324,22 @@ def test_pet_names_label_is_everything_before_the_last_number(tmp_path):
 def test_pretrained_models_get_a_new_head_for_the_classes(name, head):
     import torchvision
     model = torchvision.models.get_model(name)  # 1000 ImageNet classes, random weights
-    cv_example.replace_classifier(model, 7, name)
+    replace_classifier(model, 7, name)
     assert model.get_submodule(head).out_features == 7
 
 
 def test_split_is_80_20_and_fixed_by_the_seed():
     samples = list(range(101))
-    train, evals = cv_example.split_train_eval(samples, seed=7)
+    train, evals = split_train_eval(samples, seed=7)
     assert len(evals) == 20 and sorted(train + evals) == samples
-    assert cv_example.split_train_eval(samples, seed=7) == (train, evals)
-    assert cv_example.split_train_eval(samples, seed=8) != (train, evals)
+    assert split_train_eval(samples, seed=7) == (train, evals)
+    assert split_train_eval(samples, seed=8) != (train, evals)
 
 
 def test_augmentation_depends_only_on_seed_epoch_and_image(tmp_path):
     paths = demo.write_demo_images(tmp_path, count=12, size=32)
-    dataset = cv_example.ImageFiles([(p, 0) for p in paths], cv_example.train_transform(16), 16)
-    sampler = cv_example.EpochShuffle(len(dataset), seed=3)
+    dataset = ImageFiles([(p, 0) for p in paths], train_transform(16), 16)
+    sampler = EpochShuffle(len(dataset), seed=3)
     sampler.set_epoch(1)
     draws = list(sampler)
     first = [dataset[item][0] for item in draws]
@@ -348,28 +359,28 @@ def test_jpeg_size_reads_the_frame_header(tmp_path):
     from torchvision.io import encode_jpeg, encode_png
     for height, width in [(375, 500), (500, 375), (17, 9), (1, 1)]:
         image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
-        assert cv_example.jpeg_size(encode_jpeg(image).numpy().tobytes()) == (height, width)
+        assert jpeg_size(encode_jpeg(image).numpy().tobytes()) == (height, width)
     gray = encode_jpeg(torch.zeros(1, 20, 30, dtype=torch.uint8)).numpy().tobytes()
-    assert cv_example.jpeg_size(gray) == (20, 30)
-    assert cv_example.jpeg_size(gray[:40]) is None  # cut before the frame header
-    assert cv_example.jpeg_size(b"\xff\xd8\xff\xe0") is None
+    assert jpeg_size(gray) == (20, 30)
+    assert jpeg_size(gray[:40]) is None  # cut before the frame header
+    assert jpeg_size(b"\xff\xd8\xff\xe0") is None
     png = encode_png(torch.zeros(3, 4, 4, dtype=torch.uint8)).numpy().tobytes()
-    assert cv_example.jpeg_size(png) is None and cv_example.jpeg_size(b"") is None
+    assert jpeg_size(png) is None and jpeg_size(b"") is None
 
 
 def test_gpu_decode_path_draws_the_cpu_paths_crop_and_flip(tmp_path):
     """augmentation_params gives exactly the crop and flip train_transform draws for a seed."""
     from torchvision.transforms import v2
     size = 20
-    transform = cv_example.train_transform(size)
+    transform = train_transform(size)
     flips = set()
     for n, (height, width) in enumerate([(48, 48), (30, 64), (64, 30), (375, 500)] * 6):
         image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
         seed = 1000 + 7919 * n
-        with cv_example.seeded_rng(seed):
+        with seeded_rng(seed):
             expected = transform(image)
-        with cv_example.seeded_rng(seed):
-            (top, left, crop_h, crop_w), flip = cv_example.augmentation_params(
+        with seeded_rng(seed):
+            (top, left, crop_h, crop_w), flip = augmentation_params(
                 transform, height, width)
         got = v2.functional.resized_crop(image, top, left, crop_h, crop_w, [size, size],
                                          antialias=True)
@@ -389,22 +400,22 @@ def test_encoded_batches_decode_close_to_the_cpu_path(tmp_path):
     paths += [png, truncated]
     size = 32
     samples = [(path, i % 3) for i, path in enumerate(paths)]
-    cpu = cv_example.ImageFiles(samples, cv_example.train_transform(size), size)
-    encoded = cv_example.ImageFiles(samples, cv_example.train_transform(size), size, encoded=True)
-    sampler = cv_example.EpochShuffle(len(paths), seed=5)
+    cpu = ImageFiles(samples, train_transform(size), size)
+    encoded = ImageFiles(samples, train_transform(size), size, encoded=True)
+    sampler = EpochShuffle(len(paths), seed=5)
     sampler.set_epoch(2)
     items = list(sampler)
-    batch, labels, indices = cv_example.collate_encoded([encoded[item] for item in items])
+    batch, labels, indices = collate_encoded([encoded[item] for item in items])
     assert indices.tolist() == [index for index, _ in items]
     assert labels.tolist() == [i % 3 for i, _ in items]
     png_at = [i for i, (index, _) in enumerate(items) if paths[index] == png]
     assert batch.ready_positions == png_at and len(batch.jpeg_positions) == len(paths) - 1
-    images, failed = cv_example.JpegBatchDecoder(torch.device("cpu"), size)(batch)
+    images, failed = JpegBatchDecoder(torch.device("cpu"), size)(batch)
     assert images.shape == (len(paths), 3, size, size) and images.dtype == torch.uint8
     cut_at = [i for i, (index, _) in enumerate(items) if paths[index] == truncated]
     assert failed == cut_at and not images[cut_at].any()
     reference = torch.stack([cpu[item][0] for item in items])
-    assert cpu[items[cut_at[0]]][1] == cv_example.UNREADABLE  # the CPU path fails it too
+    assert cpu[items[cut_at[0]]][1] == UNREADABLE  # the CPU path fails it too
     assert torch.equal(images[png_at], reference[png_at])
     difference = (images.float() - reference.float()).abs()
     for position in set(range(len(paths))) - set(cut_at):
@@ -421,7 +432,9 @@ def run_patched_example(*args) -> subprocess.CompletedProcess:
               f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
               "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
               "spec.loader.exec_module(cv)\n"
-              "cv.choose_decode = lambda *args: 'gpu'\n"
+              # where the Trainer looks it up (cv_classifier.gpu_decode's own stays as it was)
+              "import cv_classifier.trainer\n"
+              "cv_classifier.trainer.choose_decode = lambda *args: 'gpu'\n"
               "sys.exit(cv.main(sys.argv[1:]))\n")
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
                           text=True, timeout=180, env=child_env())
@@ -456,14 +469,14 @@ def test_cached_images_are_not_read_again_and_crop_exactly_like_fresh_ones(tmp_p
     paths.append(truncated)
     size = 24
     samples = [(path, i % 2) for i, path in enumerate(paths)]
-    cache = cv_example.DecodedImageCache(len(paths), budget_bytes=10**9)
-    dataset = cv_example.ImageFiles(samples, cv_example.train_transform(size), size,
+    cache = DecodedImageCache(len(paths), budget_bytes=10**9)
+    dataset = ImageFiles(samples, train_transform(size), size,
                                     encoded=True, cached_sizes=cache.sizes)
-    decoder = cv_example.JpegBatchDecoder(torch.device("cpu"), size, cache)
-    items = list(cv_example.EpochShuffle(len(paths), seed=3))
+    decoder = JpegBatchDecoder(torch.device("cpu"), size, cache)
+    items = list(EpochShuffle(len(paths), seed=3))
 
     def one_batch():
-        batch, _, _ = cv_example.collate_encoded([dataset[item] for item in items])
+        batch, _, _ = collate_encoded([dataset[item] for item in items])
         return batch, *decoder(batch)
 
     first, first_images, first_failed = one_batch()
@@ -478,12 +491,12 @@ def test_cached_images_are_not_read_again_and_crop_exactly_like_fresh_ones(tmp_p
 
 
 def test_cache_budget_is_kept(tmp_path):
-    cache = cv_example.DecodedImageCache(5, budget_bytes=2 * 3 * 10 * 10)
+    cache = DecodedImageCache(5, budget_bytes=2 * 3 * 10 * 10)
     cache.add([3, 1, 4, 0], [torch.zeros(3, 10, 10, dtype=torch.uint8)] * 4)
     assert sorted(cache.images) == [1, 3] and cache.sizes.tolist() == [
         [0, 0], [10, 10], [0, 0], [10, 10], [0, 0]]
     whole = torch.zeros(2, 3, 10, 12, dtype=torch.uint8)
-    roomy = cv_example.DecodedImageCache(1, budget_bytes=10**6)
+    roomy = DecodedImageCache(1, budget_bytes=10**6)
     roomy.add([0], [whole[1]])  # a view into a batch: copied, so it does not keep the batch alive
     assert roomy.images[0].untyped_storage().nbytes() == 360
     assert roomy.sizes.tolist() == [[10, 12]]
@@ -509,11 +522,11 @@ def test_decode_gpu_training_ends_the_same_with_and_without_the_cache(tmp_path, 
 def test_auto_decode_is_cpu_off_cuda_and_for_small_images(tmp_path):
     small = demo.write_demo_images(tmp_path, count=4, size=24)
     cpu = torch.device("cpu")
-    assert cv_example.choose_decode("auto", cpu, [str(p) for p in small]) == "cpu"
-    assert cv_example.choose_decode("cpu", cpu, []) == "cpu"
-    with pytest.raises(cv_example.InputError, match="--decode gpu"):
-        cv_example.choose_decode("gpu", cpu, [])
-    assert cv_example.mean_file_size([str(p) for p in small]) < cv_example.AUTO_GPU_DECODE_BYTES
+    assert choose_decode("auto", cpu, [str(p) for p in small]) == "cpu"
+    assert choose_decode("cpu", cpu, []) == "cpu"
+    with pytest.raises(InputError, match="--decode gpu"):
+        choose_decode("gpu", cpu, [])
+    assert mean_file_size([str(p) for p in small]) < AUTO_GPU_DECODE_BYTES
 
 
 def test_results_replace_a_planted_symlink_and_follow_the_umask(tmp_path):
@@ -523,7 +536,7 @@ def test_results_replace_a_planted_symlink_and_follow_the_umask(tmp_path):
     planted.symlink_to(victim)
     old_mask = os.umask(0o027)
     try:
-        cv_example.write_replacing(planted, "{}\n")
+        write_replacing(planted, "{}\n")
     finally:
         os.umask(old_mask)
     assert victim.read_text() == "precious"

@@ -1,0 +1,382 @@
+"""--decode gpu: workers send JPEG bytes with each image's crop and flip, the training process
+decodes and crops them on the GPU a few batches ahead; and which decode --decode auto picks."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import warnings
+from contextlib import contextmanager
+
+import torch
+import torchvision
+from torch.utils.data import get_worker_info
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from torchvision.transforms import v2
+
+from .cli import InputError
+
+# JpegBatchDecoder pads a batch's images through a nested tensor, a stable use of a "prototype" API.
+warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
+
+
+AUTO_GPU_DECODE_BYTES = 16_000  # Pet-sized photos ~120 KB: gpu; 64 px digits ~2 KB: cpu
+
+GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu
+
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's frame header (SOFn), or None: no decoding, a few µs."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    at, end = 2, len(data)
+    while at + 4 <= end:
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length field
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before
+            return None
+        length = int.from_bytes(data[at + 2:at + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if at + 9 > end:
+                return None
+            height = int.from_bytes(data[at + 5:at + 7], "big")
+            width = int.from_bytes(data[at + 7:at + 9], "big")
+            return (height, width) if height > 0 and width > 0 else None
+        at += 2 + length
+    return None
+
+
+
+def augmentation_params(transform: v2.Compose, height: int, width: int):
+    """The crop (top, left, height, width) and flip that train_transform draws for an image of
+    this size, from torch's CPU generator, in the same order: the same numbers for the same seed.
+    """
+    crop, flip = transform.transforms
+    shape = torch.empty((), dtype=torch.uint8).expand(3, height, width)  # no memory
+    make_params = getattr(crop, "make_params", None) or crop._get_params  # torchvision < 0.21
+    params = make_params([shape])
+    box = (params["top"], params["left"], params["height"], params["width"])
+    return box, bool(torch.rand(1) < flip.p)  # RandomHorizontalFlip: no flip if rand >= p
+
+
+
+class EncodedImage:
+    """A training JPEG not decoded yet: its bytes (none when the training process holds it
+    decoded already), size, crop box and flip."""
+
+    __slots__ = ("data", "size", "box", "flip")
+
+    def __init__(self, data: bytes, size: tuple[int, int], box: tuple, flip: bool):
+        self.data, self.size, self.box, self.flip = data, size, box, flip
+
+
+
+class EncodedBatch:
+    """A training batch as the workers send it with --decode gpu.
+
+    data: the JPEGs' bytes end to end (one shared-memory block, not one per image), split by
+    sizes (0: held in the DecodedImageCache); jpeg_indices: their data set indices; meta: float (jpegs, 8): slot, left, top, right, bottom (roi_align's box), height,
+    width, flip; ready: images the workers decoded themselves (PNGs, unusual JPEGs, unreadable
+    ones), already transformed, at ready_positions in the batch.
+    """
+
+    def __init__(self, items: list, indices: list[int]):
+        jpegs = [(pos, item) for pos, item in enumerate(items) if isinstance(item, EncodedImage)]
+        self.count = len(items)
+        self.jpeg_positions = [pos for pos, _ in jpegs]
+        self.jpeg_indices = [indices[pos] for pos, _ in jpegs]
+        self.ready_positions = [pos for pos, item in enumerate(items)
+                                if not isinstance(item, EncodedImage)]
+        self.sizes = [len(item.data) for _, item in jpegs]
+        self.data = torch.empty(sum(self.sizes), dtype=torch.uint8)
+        if get_worker_info() is not None:  # filled in place: no copy when it is sent
+            self.data.share_memory_()
+        buffer, at = self.data.numpy(), 0
+        for _, item in jpegs:
+            buffer[at:at + len(item.data)] = memoryview(item.data)
+            at += len(item.data)
+        self.meta = torch.tensor(
+            [(slot, left, top, left + w, top + h, *item.size, item.flip)
+             for slot, (_, item) in enumerate(jpegs) for top, left, h, w in [item.box]],
+            dtype=torch.float32).view(-1, 8)
+        self.ready = (torch.stack([items[pos] for pos in self.ready_positions])
+                      if self.ready_positions else None)
+
+    def pin_memory(self) -> EncodedBatch:
+        """DataLoader(pin_memory=True) calls this: what is copied to the device gets pinned
+        (the bytes are read by nvjpeg on the host)."""
+        self.meta = self.meta.pin_memory()
+        if self.ready is not None:
+            self.ready = self.ready.pin_memory()
+        return self
+
+
+
+def collate_encoded(batch: list) -> tuple[EncodedBatch, torch.Tensor, torch.Tensor]:
+    items, labels, indices = zip(*batch)
+    return EncodedBatch(list(items), list(indices)), torch.tensor(labels), torch.tensor(indices)
+
+
+
+class DecodedImageCache:
+    """Training images kept decoded on the device, so later epochs neither read nor decode them.
+
+    Kept at full resolution, exactly as decoded: a crop from the cache is the crop of a fresh
+    decode, bit for bit, so a resumed run (which starts with an empty cache) still ends with
+    the weights of an uninterrupted one. Images are added until `budget_bytes` is used (never
+    evicted); `sizes` (shared memory, filled last) tells the DataLoader workers which images
+    not to read any more.
+    """
+
+    def __init__(self, count: int, budget_bytes: int):
+        self.sizes = torch.zeros((count, 2), dtype=torch.int32).share_memory_()
+        self.images: dict[int, torch.Tensor] = {}
+        self.budget_bytes, self.used_bytes = budget_bytes, 0
+
+    def get(self, index: int) -> torch.Tensor | None:
+        return self.images.get(index)
+
+    def add(self, indices: list[int], images: list[torch.Tensor]) -> None:
+        added = []
+        for index, image in zip(indices, images):
+            if index in self.images or self.used_bytes + image.numel() > self.budget_bytes:
+                continue
+            if image.untyped_storage().nbytes() != image.numel():  # a view pins its whole base
+                image = image.clone()
+            self.images[index] = image
+            self.used_bytes += image.numel()
+            added.append((index, *image.shape[1:]))
+        if added:  # workers take an image as cached once both its sizes are set: height last
+            index, heights, widths = torch.tensor(added, dtype=torch.int64).unbind(1)
+            self.sizes[index, 1] = widths.int()
+            self.sizes[index, 0] = heights.int()
+
+
+
+class JpegBatchDecoder:
+    """EncodedBatch -> uint8 (N, 3, S, S) on the device, as train_transform would give it.
+
+    All the JPEGs of a batch are decoded in one call (nvjpeg batches them; baseline JPEGs go to
+    the GPU's hardware decoder); each is copied to the top left of a canvas whose last row and
+    column are repeated one pixel further (so sampling at an image's edge sees the edge, as
+    interpolate's clamping does); roi_align then crops and resizes all of them in one kernel,
+    averaging ceil(crop / S) x ceil(crop / S) bilinear samples per output pixel (a box filter
+    against aliasing, where the CPU path uses antialiased bilinear resizing: the same crop and
+    flip, pixel values within a few levels). A batch call that raises is retried image by image,
+    then on the CPU; an image nothing decodes comes back blank and is returned in `failed`.
+    """
+
+    def __init__(self, device: torch.device, image_size: int,
+                 cache: DecodedImageCache | None = None):
+        self.device, self.size, self.cache = device, image_size, cache
+        self.nothing = torch.zeros((3, 1, 1), dtype=torch.uint8, device=device)
+
+    def decode(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        try:
+            return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            return [self.decode_one(data) for data in encoded]
+
+    def decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return decode_jpeg([data], mode=ImageReadMode.RGB, device=self.device)[0]
+        except RuntimeError:
+            pass
+        try:  # CMYK, 12-bit, ...: what nvjpeg refuses may still decode on the CPU
+            image = decode_image(data, mode=ImageReadMode.RGB)
+        except (RuntimeError, ValueError):
+            return None
+        if image.dtype != torch.uint8:
+            image = v2.functional.to_dtype(image, torch.uint8, scale=True)
+        return image.to(self.device)
+
+    def decode_or_recall(self, batch: EncodedBatch,
+                         sizes: list[tuple[int, int]]) -> list[torch.Tensor | None]:
+        """Each JPEG of the batch decoded: from the cache when the worker sent no bytes, else
+        decoded now (all in one call) and offered to the cache."""
+        encoded = torch.split(batch.data, batch.sizes)
+        fresh = [slot for slot, size in enumerate(batch.sizes) if size]
+        images = [None if size else self.cache.get(batch.jpeg_indices[slot])
+                  for slot, size in enumerate(batch.sizes)]
+        decoded = self.decode([encoded[slot] for slot in fresh]) if fresh else []
+        for slot, image in zip(fresh, decoded):
+            images[slot] = image
+        if self.cache is not None:
+            whole = [slot for slot, image in zip(fresh, decoded)
+                     if image is not None and image.shape[1:] == sizes[slot]]
+            self.cache.add([batch.jpeg_indices[slot] for slot in whole],
+                           [images[slot] for slot in whole])
+        return images
+
+    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[int]]:
+        size, device = self.size, self.device
+        failed = []
+        if not batch.jpeg_positions:
+            return batch.ready.to(device, non_blocking=True), failed
+        meta = batch.meta.to(device, non_blocking=True)
+        heights, widths = batch.meta[:, 5].long().tolist(), batch.meta[:, 6].long().tolist()
+        images = self.decode_or_recall(batch, list(zip(heights, widths)))
+        count = len(images)
+        for slot, (image, height, width) in enumerate(zip(images, heights, widths)):
+            if image is None or image.shape[1:] != (height, width):
+                failed.append(batch.jpeg_positions[slot])
+                images[slot] = self.nothing  # its crop is blanked below
+        # Each image at the top left of its slot, zeros around: one call, not a copy per
+        # image (their Python would compete with the training loop's for the interpreter).
+        canvas = torch.nested.as_nested_tensor(images).to_padded_tensor(
+            0, output_size=(count, 3, max(heights) + 1, max(widths) + 1))
+        extent = meta[:, 5:7].long().view(count, 2, 1, 1, 1)
+        _, _, rows, cols = canvas.shape
+        edge = (extent[:, 1] - 1).expand(count, 3, rows, 1)  # the last column, one further
+        canvas.scatter_(3, edge + 1, canvas.gather(3, edge))
+        edge = (extent[:, 0] - 1).expand(count, 3, 1, cols)  # the last row, one further
+        canvas.scatter_(2, edge + 1, canvas.gather(2, edge))
+        crops = torchvision.ops.roi_align(canvas.float(), meta[:, :5], output_size=size, spatial_scale=1.0,
+                          sampling_ratio=-1, aligned=True)
+        crops = torch.where(meta[:, 7].bool().view(count, 1, 1, 1), crops.flip(3), crops)
+        crops = crops.add_(0.5).to(torch.uint8)  # round: values are within 0..255
+        if batch.ready is None:
+            images = crops
+        else:
+            images = torch.empty((batch.count, 3, size, size), dtype=torch.uint8, device=device)
+            images[batch.jpeg_positions] = crops
+            images[batch.ready_positions] = batch.ready.to(device, non_blocking=True)
+        if failed:
+            images[failed] = 0
+        return images, failed
+
+
+
+class DecodeAhead:
+    """Runs the training loader and the JpegBatchDecoder in a thread, a few batches ahead.
+
+    nvjpeg's batch call waits for the decoder (~3 ms a batch of 64 photos on the H200), and the
+    crop launches cost ~1 ms more: done in the training loop they added to its (CPU-bound) step.
+    The thread works on its own CUDA stream; the training stream waits for each batch's event
+    and record_stream keeps the memory until the training stream is done with it. Torch ops
+    release the GIL while they run, so the two threads mostly overlap.
+    """
+
+    DONE = object()
+
+    def __init__(self, loader, prepare, device: torch.device, stream=None, depth: int = 3):
+        self.loader, self.prepare, self.device, self.depth = loader, prepare, device, depth
+        self.stream = stream  # CUDA: the same stream every epoch (the cache's images live on it)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        batches: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        cuda = self.device.type == "cuda"
+        stream = self.stream if self.stream is not None or not cuda else torch.cuda.Stream(
+            self.device)
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    batches.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        def work() -> None:
+            try:
+                with torch.cuda.stream(stream) if cuda else contextmanager(lambda: (yield))():
+                    for images, labels, indices in self.loader:
+                        images, labels = self.prepare(images, labels)
+                        event = torch.cuda.Event() if cuda else None
+                        if cuda:
+                            event.record(stream)
+                        if not put((images, labels, indices, event)):
+                            return
+            except BaseException as error:  # noqa: BLE001 - raised again in the training loop
+                put(error)
+                return
+            put(self.DONE)
+
+        thread = threading.Thread(target=work, name="decode-ahead", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = batches.get()
+                if item is self.DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                images, labels, indices, event = item
+                if cuda:
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(event)
+                    for tensor in (images, labels, indices):
+                        tensor.record_stream(current)
+                yield images, labels, indices
+        finally:
+            stop.set()
+            thread.join()
+
+
+
+def make_image_cache(count: int, gigabytes: float | None,
+                     device: torch.device) -> DecodedImageCache | None:
+    """--image_cache_gb; by default a quarter of a CUDA device's memory (the H200's 140 GB
+    hold the Oxford-IIIT Pet photos decoded many times over; most GPUs hold them too)."""
+    if gigabytes is None:
+        if device.type != "cuda":
+            return None
+        budget = torch.cuda.get_device_properties(device).total_memory // 4
+    else:
+        budget = int(gigabytes * 1e9)
+    return DecodedImageCache(count, budget) if budget > 0 else None
+
+
+
+def mean_file_size(paths: list[str]) -> float:
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(os.path.getsize(path))
+        except OSError:
+            pass
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+
+def gpu_decode_available(device: torch.device) -> bool:
+    """Whether torchvision decodes JPEGs on this device (built with nvjpeg, and it works)."""
+    if device.type != "cuda":
+        return False
+    try:
+        probe = torchvision.io.encode_jpeg(torch.zeros(3, 16, 16, dtype=torch.uint8))
+        decode_jpeg([probe], device=device)
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+    return True
+
+
+
+def choose_decode(choice: str, device: torch.device, paths: list[str]) -> str:
+    """--decode: 'gpu' or 'cpu'. auto: gpu on CUDA for photo-sized JPEGs only (the first 64
+    training files average AUTO_GPU_DECODE_BYTES or more); small images decode faster in the
+    workers (measured on an H200: see Speed in the module docstring)."""
+    if choice == "cpu" or (choice == "auto" and device.type != "cuda"):
+        return "cpu"
+    if choice == "auto" and mean_file_size(paths[:64]) < AUTO_GPU_DECODE_BYTES:
+        return "cpu"
+    if gpu_decode_available(device):
+        return "gpu"
+    if choice == "gpu":
+        raise InputError(f"--decode gpu: torchvision cannot decode JPEGs on {device.type} here "
+                         "(it needs CUDA and torchvision built with nvjpeg); use --decode cpu")
+    return "cpu"
