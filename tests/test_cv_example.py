@@ -34,7 +34,8 @@ sys.path.insert(0, str(EXAMPLE.parent))  # for examples/cv_classifier, the packa
 
 from cv_classifier.checkpoints import latest_checkpoint, write_replacing
 from cv_classifier.cli import InputError
-from cv_classifier.data import UNREADABLE, EpochShuffle, ImageFiles, seeded_rng, train_transform
+from cv_classifier.data import (UNREADABLE, EpochShuffle, ImageFiles, collate_decoded, seeded_rng,
+                              train_transform)
 from cv_classifier.gpu_decode import (AUTO_GPU_DECODE_BYTES, DecodedImageCache, JpegBatchDecoder,
                                       augmentation_params, choose_decode, collate_encoded,
                                       jpeg_size, mean_file_size)
@@ -405,7 +406,8 @@ def test_encoded_batches_decode_close_to_the_cpu_path(tmp_path):
     sampler = EpochShuffle(len(paths), seed=5)
     sampler.set_epoch(2)
     items = list(sampler)
-    batch, labels, indices = collate_encoded([encoded[item] for item in items])
+    batch = collate_encoded([encoded[item] for item in items])
+    labels, indices = torch.tensor(batch.labels), torch.tensor(batch.indices)
     assert indices.tolist() == [index for index, _ in items]
     assert labels.tolist() == [i % 3 for i, _ in items]
     png_at = [i for i, (index, _) in enumerate(items) if paths[index] == png]
@@ -471,12 +473,12 @@ def test_cached_images_are_not_read_again_and_crop_exactly_like_fresh_ones(tmp_p
     samples = [(path, i % 2) for i, path in enumerate(paths)]
     cache = DecodedImageCache(len(paths), budget_bytes=10**9)
     dataset = ImageFiles(samples, train_transform(size), size,
-                                    encoded=True, cached_sizes=cache.sizes)
+                         encoded=True, cached_sizes=cache.sizes)
     decoder = JpegBatchDecoder(torch.device("cpu"), size, cache)
     items = list(EpochShuffle(len(paths), seed=3))
 
     def one_batch():
-        batch, _, _ = collate_encoded([dataset[item] for item in items])
+        batch = collate_encoded([dataset[item] for item in items])
         return batch, *decoder(batch)
 
     first, first_images, first_failed = one_batch()
@@ -485,9 +487,26 @@ def test_cached_images_are_not_read_again_and_crop_exactly_like_fresh_ones(tmp_p
     assert cut not in cache.images and cache.sizes[cut].tolist() == [0, 0]
     again, images, failed = one_batch()
     assert [size == 0 for size in again.sizes] == [index != cut for index, _ in items]
-    assert torch.equal(again.meta, first.meta)  # same crops and flips
+    assert again.meta == first.meta  # same crops and flips
+    # only the bytes of the one image not cached travel, in the batch's only tensor
+    assert again.data.numel() == truncated.stat().st_size < first.data.numel()
+    assert [name for name, value in vars(again).items()
+            if isinstance(value, torch.Tensor)] == ["data"]
     assert torch.equal(images, first_images) and failed == first_failed
     assert cache.used_bytes == 9 * 3 * 40 * 40
+
+
+def test_batches_decoded_in_workers_carry_one_tensor(tmp_path):
+    """The CPU path's training batch: the images stacked, labels and indices as lists (each
+    tensor a worker sends costs the training process a handshake), made tensors on arrival."""
+    paths = demo.write_demo_images(tmp_path, count=5, size=20, seed=8)
+    dataset = ImageFiles([(path, i % 2) for i, path in enumerate(paths)], train_transform(16), 16)
+    items = list(EpochShuffle(len(paths), seed=1))
+    images, targets = collate_decoded([dataset[item] for item in items])
+    assert images.shape == (5, 3, 16, 16) and not isinstance(targets.labels, torch.Tensor)
+    labels, indices = targets.on(torch.device("cpu"))
+    assert indices.tolist() == [index for index, _ in items]
+    assert labels.tolist() == [index % 2 for index, _ in items]
 
 
 def test_cache_budget_is_kept(tmp_path):

@@ -29,21 +29,19 @@ class TrainingPosition:
         self.global_step, self.eval_accuracies = state["global_step"], state["eval_accuracies"]
 
 
-
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
-
 
 
 def checkpoint_dir(output_dir: Path, global_step: int) -> Path:
     return output_dir / "checkpoints" / f"step_{global_step:08d}"
 
 
-
 def latest_checkpoint(output_dir: Path) -> Path | None:
     folder = output_dir / "checkpoints"
-    found = [p for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name)] if folder.is_dir() else []
+    if not folder.is_dir():
+        return None
+    found = [p for p in folder.iterdir() if CHECKPOINT_NAME.match(p.name)]
     return max(found, key=lambda p: int(CHECKPOINT_NAME.match(p.name)[1]), default=None)
-
 
 
 def checkpoint_to_resume(args) -> Path | None:
@@ -57,7 +55,6 @@ def checkpoint_to_resume(args) -> Path | None:
     return path
 
 
-
 def write_replacing(path: Path, text: str) -> None:
     """Write beside `path`, then rename over it: a crash never leaves half a file, and a symlink
     planted at `path` is replaced, never followed. The file gets the user's umask."""
@@ -66,7 +63,6 @@ def write_replacing(path: Path, text: str) -> None:
     with os.fdopen(descriptor, "w") as stream:
         stream.write(text)
     os.replace(temporary, path)
-
 
 
 def save_model_replacing(accelerator, model, output_dir: Path) -> None:
@@ -84,7 +80,6 @@ def save_model_replacing(accelerator, model, output_dir: Path) -> None:
         staging.rmdir()
 
 
-
 def save_checkpoint(accelerator, output_dir: Path, global_step: int) -> Path:
     """save_state into step_N.partial, then rename: a killed save never looks complete."""
     final = checkpoint_dir(output_dir, global_step)
@@ -97,7 +92,6 @@ def save_checkpoint(accelerator, output_dir: Path, global_step: int) -> Path:
         partial.rename(final)
     accelerator.wait_for_everyone()
     return final
-
 
 
 class StopRequest:

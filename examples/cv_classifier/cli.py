@@ -9,16 +9,13 @@ import argparse
 PROG = "cv_example"
 
 
-
 class InputError(Exception):
     """Bad input from the user: reported as one line and exit code 2."""
-
 
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         raise InputError(message)
-
 
 
 def positive_int(text: str) -> int:
@@ -31,13 +28,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
-
 
 
 def non_negative_float(text: str) -> float:
@@ -48,7 +43,6 @@ def non_negative_float(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
-
 
 
 def checkpointing_steps(text: str) -> str | int:

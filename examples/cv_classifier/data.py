@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms import v2
 
@@ -17,7 +17,6 @@ from .gpu_decode import EncodedImage, augmentation_params, jpeg_size
 
 
 UNREADABLE = -100  # label of an image that failed to decode; cross_entropy's ignore_index
-
 
 
 @contextmanager
@@ -35,7 +34,6 @@ def seeded_rng(seed: int):
         with torch.random.fork_rng(devices=[]):
             torch.random.default_generator.manual_seed(seed)
             yield
-
 
 
 class ImageFiles(Dataset):
@@ -109,7 +107,6 @@ class ImageFiles(Dataset):
         return (height, width) if height and width else None
 
 
-
 class EpochShuffle(Sampler):
     """Yields (index, augmentation seed) pairs in a fresh order each epoch.
 
@@ -135,12 +132,10 @@ class EpochShuffle(Sampler):
         return iter(zip(order, seeds))
 
 
-
 def train_transform(image_size: int):
     # scale >= 0.35 rather than 0.08: small data sets and small images keep their subject.
     return v2.Compose([v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True),
                        v2.RandomHorizontalFlip()])
-
 
 
 def eval_transform(image_size: int):
@@ -148,12 +143,10 @@ def eval_transform(image_size: int):
                        v2.CenterCrop(image_size)])
 
 
-
 def ignore_interrupts(_worker_id: int) -> None:
     """Workers leave SIGINT/SIGTERM to the main process, which finishes the step and saves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
 
 
 def default_num_workers(device: torch.device) -> int:
@@ -171,6 +164,27 @@ def default_num_workers(device: torch.device) -> int:
     # One core per process stays free for the training loop itself (and its pin-memory thread).
     return max(1, (cpus or 1) // local_processes - 1)
 
+
+class Targets:
+    """A training batch's labels and data set indices as plain lists: inside the batch a worker
+    sends, they cost no tensor each (see gpu_decode.EncodedBatch), and Accelerate passes the
+    object on untouched."""
+
+    __slots__ = ("labels", "indices")
+
+    def __init__(self, labels, indices):
+        self.labels, self.indices = list(labels), list(indices)
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor(self.labels).to(device, non_blocking=True),
+                torch.tensor(self.indices).to(device, non_blocking=True))
+
+
+def collate_decoded(batch: list) -> tuple[torch.Tensor, Targets]:
+    """Training batches decoded in the workers: the images stacked by torch's default collate
+    (straight into shared memory), labels and indices as Targets."""
+    images, labels, indices = zip(*batch)
+    return default_collate(list(images)), Targets(labels, indices)
 
 
 def make_loader(dataset: Dataset, batch_size: int, num_workers: int, pin_memory: bool, *,

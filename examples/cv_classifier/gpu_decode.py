@@ -26,7 +26,6 @@ AUTO_GPU_DECODE_BYTES = 16_000  # Pet-sized photos ~120 KB: gpu; 64 px digits ~2
 GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu
 
 
-
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
     """(height, width) from a JPEG's frame header (SOFn), or None: no decoding, a few µs."""
     if not data.startswith(b"\xff\xd8"):
@@ -55,7 +54,6 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-
 def augmentation_params(transform: v2.Compose, height: int, width: int):
     """The crop (top, left, height, width) and flip that train_transform draws for an image of
     this size, from torch's CPU generator, in the same order: the same numbers for the same seed.
@@ -68,7 +66,6 @@ def augmentation_params(transform: v2.Compose, height: int, width: int):
     return box, bool(torch.rand(1) < flip.p)  # RandomHorizontalFlip: no flip if rand >= p
 
 
-
 class EncodedImage:
     """A training JPEG not decoded yet: its bytes (none when the training process holds it
     decoded already), size, crop box and flip."""
@@ -79,52 +76,59 @@ class EncodedImage:
         self.data, self.size, self.box, self.flip = data, size, box, flip
 
 
-
 class EncodedBatch:
-    """A training batch as the workers send it with --decode gpu.
+    """A training batch as the workers send it with --decode gpu: one object.
 
-    data: the JPEGs' bytes end to end (one shared-memory block, not one per image), split by
-    sizes (0: held in the DecodedImageCache); jpeg_indices: their data set indices; meta: float (jpegs, 8): slot, left, top, right, bottom (roi_align's box), height,
-    width, flip; ready: images the workers decoded themselves (PNGs, unusual JPEGs, unreadable
-    ones), already transformed, at ready_positions in the batch.
+    labels, indices: each image's label and data set index; data: the JPEGs' bytes end to end
+    (one shared-memory block, not one per image; None when the cache holds them all), split by
+    sizes (0: held in the DecodedImageCache); jpeg_indices: their data set indices; meta: per
+    JPEG (slot, left, top, right, bottom (roi_align's box), height, width, flip); ready: images
+    the workers decoded themselves (PNGs, unusual JPEGs, unreadable ones), already transformed,
+    at ready_positions in the batch.
+
+    Only the bytes and the ready images are tensors: every tensor a worker sends costs the
+    training process a file-descriptor handshake (~0.6 ms of its CPU per tensor and batch,
+    measured on a 2-core CPU), and on a fast GPU that process's CPU bounds the step rate;
+    lists travel inside the pickle for almost nothing.
     """
 
-    def __init__(self, items: list, indices: list[int]):
+    def __init__(self, items: list, labels: list[int], indices: list[int]):
         jpegs = [(pos, item) for pos, item in enumerate(items) if isinstance(item, EncodedImage)]
         self.count = len(items)
+        self.labels, self.indices = list(labels), list(indices)
         self.jpeg_positions = [pos for pos, _ in jpegs]
         self.jpeg_indices = [indices[pos] for pos, _ in jpegs]
         self.ready_positions = [pos for pos, item in enumerate(items)
                                 if not isinstance(item, EncodedImage)]
         self.sizes = [len(item.data) for _, item in jpegs]
-        self.data = torch.empty(sum(self.sizes), dtype=torch.uint8)
-        if get_worker_info() is not None:  # filled in place: no copy when it is sent
-            self.data.share_memory_()
-        buffer, at = self.data.numpy(), 0
-        for _, item in jpegs:
-            buffer[at:at + len(item.data)] = memoryview(item.data)
-            at += len(item.data)
-        self.meta = torch.tensor(
-            [(slot, left, top, left + w, top + h, *item.size, item.flip)
-             for slot, (_, item) in enumerate(jpegs) for top, left, h, w in [item.box]],
-            dtype=torch.float32).view(-1, 8)
+        self.data = self.join_bytes([item.data for _, item in jpegs]) if any(self.sizes) else None
+        self.meta = [(slot, left, top, left + w, top + h, *item.size, item.flip)
+                     for slot, (_, item) in enumerate(jpegs) for top, left, h, w in [item.box]]
         self.ready = (torch.stack([items[pos] for pos in self.ready_positions])
                       if self.ready_positions else None)
+
+    @staticmethod
+    def join_bytes(chunks: list[bytes]) -> torch.Tensor:
+        data = torch.empty(sum(map(len, chunks)), dtype=torch.uint8)
+        if get_worker_info() is not None:  # filled in place: no copy when it is sent
+            data.share_memory_()
+        buffer, at = data.numpy(), 0
+        for chunk in chunks:
+            buffer[at:at + len(chunk)] = memoryview(chunk)
+            at += len(chunk)
+        return data
 
     def pin_memory(self) -> EncodedBatch:
         """DataLoader(pin_memory=True) calls this: what is copied to the device gets pinned
         (the bytes are read by nvjpeg on the host)."""
-        self.meta = self.meta.pin_memory()
         if self.ready is not None:
             self.ready = self.ready.pin_memory()
         return self
 
 
-
-def collate_encoded(batch: list) -> tuple[EncodedBatch, torch.Tensor, torch.Tensor]:
+def collate_encoded(batch: list) -> EncodedBatch:
     items, labels, indices = zip(*batch)
-    return EncodedBatch(list(items), list(indices)), torch.tensor(labels), torch.tensor(indices)
-
+    return EncodedBatch(list(items), labels, indices)
 
 
 class DecodedImageCache:
@@ -159,7 +163,6 @@ class DecodedImageCache:
             index, heights, widths = torch.tensor(added, dtype=torch.int64).unbind(1)
             self.sizes[index, 1] = widths.int()
             self.sizes[index, 0] = heights.int()
-
 
 
 class JpegBatchDecoder:
@@ -203,7 +206,7 @@ class JpegBatchDecoder:
                          sizes: list[tuple[int, int]]) -> list[torch.Tensor | None]:
         """Each JPEG of the batch decoded: from the cache when the worker sent no bytes, else
         decoded now (all in one call) and offered to the cache."""
-        encoded = torch.split(batch.data, batch.sizes)
+        encoded = torch.split(batch.data, batch.sizes) if batch.data is not None else ()
         fresh = [slot for slot, size in enumerate(batch.sizes) if size]
         images = [None if size else self.cache.get(batch.jpeg_indices[slot])
                   for slot, size in enumerate(batch.sizes)]
@@ -222,8 +225,8 @@ class JpegBatchDecoder:
         failed = []
         if not batch.jpeg_positions:
             return batch.ready.to(device, non_blocking=True), failed
-        meta = batch.meta.to(device, non_blocking=True)
-        heights, widths = batch.meta[:, 5].long().tolist(), batch.meta[:, 6].long().tolist()
+        meta = torch.tensor(batch.meta, dtype=torch.float32).to(device, non_blocking=True)
+        heights, widths = [jpeg[5] for jpeg in batch.meta], [jpeg[6] for jpeg in batch.meta]
         images = self.decode_or_recall(batch, list(zip(heights, widths)))
         count = len(images)
         for slot, (image, height, width) in enumerate(zip(images, heights, widths)):
@@ -240,8 +243,8 @@ class JpegBatchDecoder:
         canvas.scatter_(3, edge + 1, canvas.gather(3, edge))
         edge = (extent[:, 0] - 1).expand(count, 3, 1, cols)  # the last row, one further
         canvas.scatter_(2, edge + 1, canvas.gather(2, edge))
-        crops = torchvision.ops.roi_align(canvas.float(), meta[:, :5], output_size=size, spatial_scale=1.0,
-                          sampling_ratio=-1, aligned=True)
+        crops = torchvision.ops.roi_align(canvas.float(), meta[:, :5], output_size=size,
+                                          spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         crops = torch.where(meta[:, 7].bool().view(count, 1, 1, 1), crops.flip(3), crops)
         crops = crops.add_(0.5).to(torch.uint8)  # round: values are within 0..255
         if batch.ready is None:
@@ -253,7 +256,6 @@ class JpegBatchDecoder:
         if failed:
             images[failed] = 0
         return images, failed
-
 
 
 class DecodeAhead:
@@ -294,8 +296,8 @@ class DecodeAhead:
         def work() -> None:
             try:
                 with torch.cuda.stream(stream) if cuda else contextmanager(lambda: (yield))():
-                    for images, labels, indices in self.loader:
-                        images, labels = self.prepare(images, labels)
+                    for batch in self.loader:
+                        images, labels, indices = self.prepare(batch)
                         event = torch.cuda.Event() if cuda else None
                         if cuda:
                             event.record(stream)
@@ -327,7 +329,6 @@ class DecodeAhead:
             thread.join()
 
 
-
 def make_image_cache(count: int, gigabytes: float | None,
                      device: torch.device) -> DecodedImageCache | None:
     """--image_cache_gb; by default a quarter of a CUDA device's memory (the H200's 140 GB
@@ -341,7 +342,6 @@ def make_image_cache(count: int, gigabytes: float | None,
     return DecodedImageCache(count, budget) if budget > 0 else None
 
 
-
 def mean_file_size(paths: list[str]) -> float:
     sizes = []
     for path in paths:
@@ -350,7 +350,6 @@ def mean_file_size(paths: list[str]) -> float:
         except OSError:
             pass
     return sum(sizes) / len(sizes) if sizes else 0.0
-
 
 
 def gpu_decode_available(device: torch.device) -> bool:
@@ -363,7 +362,6 @@ def gpu_decode_available(device: torch.device) -> bool:
     except (RuntimeError, AttributeError, TypeError):
         return False
     return True
-
 
 
 def choose_decode(choice: str, device: torch.device, paths: list[str]) -> str:

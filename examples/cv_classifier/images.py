@@ -18,10 +18,8 @@ PET_NAME = re.compile(r"^(?P<label>.+)_\d+$")  # applied to the file name withou
 EVAL_FRACTION = 0.2
 
 
-
 def is_image_name(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
-
 
 
 def folder_layout(subfolders: list[Path]) -> list[tuple[Path, str]]:
@@ -30,12 +28,10 @@ def folder_layout(subfolders: list[Path]) -> list[tuple[Path, str]]:
             for path in sorted(folder.rglob("*")) if is_image_name(path) and path.is_file()]
 
 
-
 def pet_layout(files: list[Path]) -> list[tuple[Path, str]]:
     """Oxford-IIIT Pet naming: the label is everything before the last `_number`."""
     matches = ((path, PET_NAME.match(path.stem)) for path in files if is_image_name(path))
     return [(path, match["label"]) for path, match in matches if match]
-
 
 
 def has_image_header(path: Path) -> bool:
@@ -46,7 +42,6 @@ def has_image_header(path: Path) -> bool:
     except OSError:
         return False
     return head.startswith(IMAGE_MAGIC)
-
 
 
 def find_images(data_dir: Path) -> tuple[list[tuple[Path, str]], list[Path]]:
@@ -79,14 +74,12 @@ def find_images(data_dir: Path) -> tuple[list[tuple[Path, str]], list[Path]]:
     return readable, skipped
 
 
-
 def check_batch_fits(num_train: int, batch_size: int, processes: int) -> None:
     """The last, smaller batch is dropped: a set smaller than a batch per process trains on
     nothing."""
     if num_train // batch_size < processes:
         raise InputError(f"--batch_size {batch_size} x {processes} process(es) is more than the "
                          f"{num_train} training images; use a smaller --batch_size or more images")
-
 
 
 def split_train_eval(samples: list, seed: int) -> tuple[list, list]:

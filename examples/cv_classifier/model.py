@@ -20,11 +20,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-
 def cached_weights_file(weights) -> Path:
     """Where torchvision's loader looks before downloading (load_state_dict_from_url)."""
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(weights.url).path)
-
 
 
 def replace_classifier(model: torch.nn.Module, num_classes: int, name: str) -> None:
@@ -34,7 +32,6 @@ def replace_classifier(model: torch.nn.Module, num_classes: int, name: str) -> N
                          "train it from scratch (leave out --pretrained)")
     path, last = linears[-1]
     model.set_submodule(path, torch.nn.Linear(last.in_features, num_classes))
-
 
 
 def check_model_choice(name: str, pretrained: bool) -> None:
@@ -51,7 +48,6 @@ def check_model_choice(name: str, pretrained: bool) -> None:
                 f"\"import torchvision; torchvision.models.get_model('{name}', weights='DEFAULT')\"")
 
 
-
 def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
     check_model_choice(name, pretrained)
     if not pretrained:
@@ -59,7 +55,6 @@ def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Modul
     model = torchvision.models.get_model(name, weights="DEFAULT")  # read from the cache
     replace_classifier(model, num_classes, name)
     return model
-
 
 
 def make_optimizer(model: torch.nn.Module, peak_lr: float, total_steps: int,
@@ -76,11 +71,9 @@ def make_optimizer(model: torch.nn.Module, peak_lr: float, total_steps: int,
     return optimizer, scheduler
 
 
-
 def memory_format_for(device: torch.device) -> torch.memory_format:
     # channels_last speeds convolutions up with cuDNN and oneDNN; on MPS its backward is slow.
     return torch.contiguous_format if device.type == "mps" else torch.channels_last
-
 
 
 class Normalizer:
@@ -97,7 +90,6 @@ class Normalizer:
         return images.float().sub_(self.mean).div_(self.std)
 
 
-
 def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
     """One optimizer step; returns the loss, still on the device (reading it would sync)."""
     logits = model(normalize(images))
@@ -109,7 +101,6 @@ def train_step(accelerator, model, optimizer, scheduler, normalize, images, labe
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
-
 
 
 @torch.no_grad()

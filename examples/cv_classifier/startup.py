@@ -19,9 +19,7 @@ class StartupClock:
         return {phase: at - start for phase, at in self.marks.items()} if start else {}
 
 
-
 STARTUP = StartupClock()
-
 
 
 def process_start_time() -> float | None:

@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 from .checkpoints import (StopRequest, TrainingPosition, checkpoint_to_resume, save_checkpoint,
                           save_model_replacing, write_replacing)
 from .cli import PROG, InputError
-from .data import (UNREADABLE, EpochShuffle, ImageFiles, default_num_workers, eval_transform,
-                   make_loader, train_transform)
-from .gpu_decode import (GPU_DECODE_WORKERS, DecodeAhead, JpegBatchDecoder, choose_decode,
-                         collate_encoded, make_image_cache)
+from .data import (UNREADABLE, EpochShuffle, ImageFiles, collate_decoded, default_num_workers,
+                   eval_transform, make_loader, train_transform)
+from .gpu_decode import (GPU_DECODE_WORKERS, DecodeAhead, EncodedBatch, JpegBatchDecoder,
+                         choose_decode, collate_encoded, make_image_cache)
 from .images import split_train_eval
 from .model import Normalizer, build_model, evaluate, make_optimizer, memory_format_for, train_step
 from .startup import STARTUP, process_start_time
@@ -37,17 +37,14 @@ def make_accelerator(args) -> Accelerator:
     return accelerator
 
 
-
 def warn(accelerator, message: str) -> None:
     if accelerator is None or accelerator.is_main_process:
         tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
-
 def describe_paths(paths: list) -> str:
     names = ", ".join(str(p) for p in paths[:3])
     return names + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-
 
 
 class Trainer:
@@ -111,25 +108,24 @@ class Trainer:
         # drop_last: every training batch has one shape, and BatchNorm never gets a batch of 1.
         train_loader = make_loader(self.train_set, args.batch_size, train_workers, pin,
                                    sampler=self.sampler, drop_last=True,
-                                   collate_fn=collate_encoded if gpu_decode else None)
+                                   collate_fn=collate_encoded if gpu_decode else collate_decoded)
         return train_loader, make_loader(self.eval_set, args.batch_size, workers, pin)
 
     def training_batches(self, loader):
         """The loader's batches as images on the device (--decode gpu: decoded ahead)."""
         if self.jpeg_decoder is None:
-            return loader
+            return ((images, *targets.on(self.device)) for images, targets in loader)
         return DecodeAhead(loader, self.prepare_batch, self.device, self.decode_stream)
 
-    def prepare_batch(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
-        """--decode gpu: an EncodedBatch becomes images on the device; images that did not
-        decode are blank and labelled UNREADABLE."""
-        if self.jpeg_decoder is None:
-            return images, labels
-        images, failed = self.jpeg_decoder(images)
-        if failed:
-            labels = labels.clone()
-            labels[failed] = UNREADABLE
-        return images, labels
+    def prepare_batch(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+        """--decode gpu: an EncodedBatch becomes images, labels and indices on the device;
+        images that did not decode are blank and labelled UNREADABLE."""
+        images, failed = self.jpeg_decoder(batch)
+        labels = torch.tensor(batch.labels)
+        labels[failed] = UNREADABLE
+        return (images, labels.to(self.device, non_blocking=True),
+                torch.tensor(batch.indices).to(self.device, non_blocking=True))
 
     # -- phases
 
@@ -265,7 +261,8 @@ class Trainer:
         save_model_replacing(a, self.model, self.args.output_dir)
         if a.is_main_process:
             metrics = self.metrics()
-            write_replacing(self.args.output_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+            write_replacing(self.args.output_dir / "metrics.json",
+                            json.dumps(metrics, indent=2) + "\n")
             a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}, "
                     f"{metrics['train_images_per_second']:,.0f} training images/s; "
                     f"wrote {self.args.output_dir / 'metrics.json'}")

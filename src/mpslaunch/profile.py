@@ -17,8 +17,12 @@ import re
 import stat
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mpslaunch.errors import MpslaunchError
+
+if TYPE_CHECKING:  # for annotations only: yaml is imported where a profile is read
+    import yaml
 
 PROFILE_VERSION = 1
 MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to parse a huge file
@@ -182,7 +186,7 @@ def _read_text(path: Path) -> str:
         raise MpslaunchError(f"cannot read {path}: {error.strerror}") from None
 
 
-def _parse(text: str, path: Path) -> "yaml.MappingNode":
+def _parse(text: str, path: Path) -> yaml.MappingNode:
     import yaml  # here, not at the top: a launch without a profile file never needs it
 
     try:
@@ -202,7 +206,7 @@ def _parse(text: str, path: Path) -> "yaml.MappingNode":
     return document
 
 
-def _construct(node: "yaml.Node", path: Path) -> object:
+def _construct(node: yaml.Node, path: Path) -> object:
     import yaml
 
     # SafeConstructor refuses tags such as !!python/object: profiles are data, never code.
