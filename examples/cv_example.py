@@ -26,27 +26,33 @@ torchrun's variables for several processes). Run directly with python, `--cpu` a
 Speed. Workers decode with torchvision.io and augment uint8 tensors with transforms.v2
 (RandomResizedCrop, horizontal flip); batches travel as uint8 (4x less than float) and are
 normalised on the device (nothing is done to the whole data set before the first step: files
-are only listed and their first bytes read). DataLoader workers are persistent and prefetch; `--num_workers`
-defaults to the CPUs available to this process less one, shared among the local processes
-(none when training on the CPU, whose cores torch's own threads already use). Memory is
-pinned only for CUDA; channels_last is used on CUDA and CPU (it slows convolutions' backward
-on MPS); fused AdamW on CUDA. cuDNN autotuning (cudnn.benchmark) stays off: it searched for
-seconds before the first step on an H200, for little gain on ResNets with cuDNN 9's
-heuristics. Mixed precision is the launcher's choice (autocast through Accelerate).
+are only listed and their first bytes read). DataLoader workers are persistent and prefetch;
+`--num_workers` defaults to the CPUs available to this process less one, shared among the
+local processes (none when training on the CPU, whose cores torch's own threads already use).
+A worker sends each batch as one object with at most one tensor (the images, or the JPEG
+bytes): every tensor sent costs the training process a file-descriptor handshake, and on a fast
+GPU that process's CPU bounds the step rate. Memory is pinned only for CUDA; channels_last is
+used on CUDA and CPU (it slows convolutions' backward on MPS); fused AdamW on CUDA. cuDNN
+autotuning (cudnn.benchmark) stays off: it searched for seconds before the first step on an
+H200, for little gain on ResNets with cuDNN 9's heuristics. Mixed precision is the launcher's
+choice (autocast through Accelerate).
 `--decode gpu` (auto picks it on CUDA when the training JPEGs average 16 KB or more, i.e.
 photos, not thumbnails): 4 workers only read the files and draw each image's crop and flip
 (the same numbers the CPU path draws for the same seed); a thread of the training process
 decodes each batch's JPEGs in one nvjpeg call and crops, resizes (roi_align, box-filtered:
 pixel values within a few levels of the CPU path's) and flips them on the GPU, a few batches
-ahead, on its own CUDA stream. PNGs and JPEGs nvjpeg refuses are decoded as before; eval
-batches always decode in the workers. Measured on one H200 with 16 CPU cores, resnet18 fp32,
-batch 64 (benchmarks/results/cv-throughput-h200-gpu-decode.log): Pet-sized 500x375 photos at
-224 px trained at 3,452 images/s with gpu against 3,196 with cpu (pure step rate 7,024; last
-epoch 0.66 against 0.53 of it; the pipeline alone 7,369 against 3,948 images/s), while the
-64 px digits demo was slower with gpu (4,263 against 5,723), hence auto's size test. Neither
-reaches the 0.85 of the step rate: the training loop itself is CPU-bound, and the decode thread
-and the workers still take from the same cores. About 8 of the ~10 s before the first step there
-are Python importing torch, torchvision (whose ops import torch._dynamo: 4 s) and Accelerate.
+ahead, on its own CUDA stream. The decoded images stay on the GPU (`--image_cache_gb`, by
+default a quarter of its memory; 0 turns it off): from the second epoch on, the workers read no
+file and send only the crops and flips, and nothing is decoded again. Cached images are kept
+at full resolution, so a crop from the cache is bit-identical to one from a fresh decode (a
+resumed run, whose cache starts empty, still ends like an uninterrupted one). PNGs and JPEGs
+nvjpeg refuses are decoded as before; eval batches always decode in the workers.
+Measured on one H200 with 16 CPU cores, resnet18 fp32, batch 64, Pet-sized photos at 224 px
+(benchmarks/cv_throughput.py; numbers and logs in the README): the loader alone delivers ~3x
+the pure step rate once the images are cached; training reaches 0.75-0.83 of that rate in the
+last epoch, ~0.5 in the first (which decodes everything), 0.67 over 3 epochs. The step is bound
+by the training process's CPU there. About 8-12 of the 10-14 s before the first step there are
+Python importing torch and torchvision (whose ops import torch._dynamo: ~5 s on that machine).
 
 Progress: a tqdm bar on the main process with loss and images/s, the eval accuracy after each
 epoch, and at the end `metrics.json` in `--output_dir`:

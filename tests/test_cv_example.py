@@ -427,19 +427,30 @@ def test_encoded_batches_decode_close_to_the_cpu_path(tmp_path):
         assert difference[position].max() <= 24, position
 
 
-def run_patched_example(*args) -> subprocess.CompletedProcess:
-    """cv_example with --decode gpu's pipeline forced on (decoding on the CPU: CI has no GPU);
-    in a child process, as a user runs it (forking workers from pytest's process can hang)."""
-    script = ("import importlib.util, sys\n"
-              f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
-              "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
-              "spec.loader.exec_module(cv)\n"
-              # where the Trainer looks it up (cv_classifier.gpu_decode's own stays as it was)
-              "import cv_classifier.trainer\n"
-              "cv_classifier.trainer.choose_decode = lambda *args: 'gpu'\n"
-              "sys.exit(cv.main(sys.argv[1:]))\n")
-    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
-                          text=True, timeout=180, env=child_env())
+# cv_example with --decode gpu's pipeline forced on (decoding on the CPU: CI has no GPU).
+FORCED_GPU_PIPELINE = (
+    "import importlib.util, sys\n"
+    f"spec = importlib.util.spec_from_file_location('cv_example', {str(EXAMPLE)!r})\n"
+    "cv = importlib.util.module_from_spec(spec); sys.modules['cv_example'] = cv\n"
+    "spec.loader.exec_module(cv)\n"
+    # where the Trainer looks it up (cv_classifier.gpu_decode's own stays as it was)
+    "import cv_classifier.trainer\n"
+    "cv_classifier.trainer.choose_decode = lambda *args: 'gpu'\n"
+    "sys.exit(cv.main(sys.argv[1:]))\n")
+
+
+def run_patched_example(*args, launcher: list[str] | None = None,
+                        script_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """FORCED_GPU_PIPELINE in a child process, as a user runs it (forking workers from pytest's
+    process can hang); through `mpslaunch launch LAUNCHER` when given (the script is written
+    to script_dir then)."""
+    command = [sys.executable, "-c", FORCED_GPU_PIPELINE]
+    if launcher is not None:
+        script = script_dir / "cv_example_gpu_pipeline.py"
+        script.write_text(FORCED_GPU_PIPELINE)
+        command = [sys.executable, "-m", "mpslaunch", "launch", *launcher, str(script)]
+    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True,
+                          timeout=180, env=child_env())
 
 
 def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
@@ -536,6 +547,22 @@ def test_decode_gpu_training_ends_the_same_with_and_without_the_cache(tmp_path, 
     expected = load_file(reference / "model.safetensors")
     weights = load_file(output / "model.safetensors")
     assert all(torch.equal(expected[name], weights[name]) for name in expected)
+
+
+def test_decode_gpu_pipeline_with_the_cache_in_two_processes(tmp_path):
+    """Two gloo processes through the launcher, each with its own cache and workers."""
+    images = tmp_path / "images"
+    demo.write_demo_images(images, count=50, size=24, classes=3, seed=9)
+    output = tmp_path / "out"
+    result = run_patched_example("--data_dir", images, "--output_dir", output, "--num_epochs", 2,
+                                 "--num_workers", 1, "--image_cache_gb", 1, *TINY,
+                                 launcher=["--cpu", "--num_processes", "2"], script_dir=tmp_path)
+    assert_ran(result)
+    metrics = read_metrics(output)
+    assert_trained(metrics, epochs=2, images=50, processes=2)
+    assert metrics["decode"] == "gpu"
+    # rank 0's cache: at least its half of the training images (a new half each epoch)
+    assert metrics["train_images"] // 2 <= metrics["cached_images"] <= metrics["train_images"]
 
 
 def test_auto_decode_is_cpu_off_cuda_and_for_small_images(tmp_path):

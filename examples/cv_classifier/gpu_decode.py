@@ -7,7 +7,7 @@ import os
 import queue
 import threading
 import warnings
-from contextlib import contextmanager
+from contextlib import nullcontext
 
 import torch
 import torchvision
@@ -20,9 +20,7 @@ from .cli import InputError
 # JpegBatchDecoder pads a batch's images through a nested tensor, a stable use of a "prototype" API.
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
 
-
 AUTO_GPU_DECODE_BYTES = 16_000  # Pet-sized photos ~120 KB: gpu; 64 px digits ~2 KB: cpu
-
 GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu
 
 
@@ -168,8 +166,8 @@ class DecodedImageCache:
 class JpegBatchDecoder:
     """EncodedBatch -> uint8 (N, 3, S, S) on the device, as train_transform would give it.
 
-    All the JPEGs of a batch are decoded in one call (nvjpeg batches them; baseline JPEGs go to
-    the GPU's hardware decoder); each is copied to the top left of a canvas whose last row and
+    All the JPEGs of a batch not in the cache are decoded in one call (nvjpeg batches them;
+    baseline JPEGs go to the GPU's hardware decoder) and offered to the cache; each is copied to the top left of a canvas whose last row and
     column are repeated one pixel further (so sampling at an image's edge sees the edge, as
     interpolate's clamping does); roi_align then crops and resizes all of them in one kernel,
     averaging ceil(crop / S) x ceil(crop / S) bilinear samples per output pixel (a box filter
@@ -295,7 +293,7 @@ class DecodeAhead:
 
         def work() -> None:
             try:
-                with torch.cuda.stream(stream) if cuda else contextmanager(lambda: (yield))():
+                with torch.cuda.stream(stream) if cuda else nullcontext():
                     for batch in self.loader:
                         images, labels, indices = self.prepare(batch)
                         event = torch.cuda.Event() if cuda else None

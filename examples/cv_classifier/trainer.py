@@ -112,7 +112,8 @@ class Trainer:
         return train_loader, make_loader(self.eval_set, args.batch_size, workers, pin)
 
     def training_batches(self, loader):
-        """The loader's batches as images on the device (--decode gpu: decoded ahead)."""
+        """The loader's batches as (images, labels, indices) on the device (--decode gpu:
+        decoded ahead)."""
         if self.jpeg_decoder is None:
             return ((images, *targets.on(self.device)) for images, targets in loader)
         return DecodeAhead(loader, self.prepare_batch, self.device, self.decode_stream)
