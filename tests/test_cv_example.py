@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationW
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "cv_example.py"
-sys.path.insert(0, str(EXAMPLE.parent))  # for examples/cv_classifier, the package cv_example.py runs
+sys.path.insert(0, str(EXAMPLE.parent))  # for examples/cv_classifier, which cv_example.py runs
 
 from cv_classifier.checkpoints import latest_checkpoint, write_replacing
 from cv_classifier.cli import InputError
@@ -436,21 +436,61 @@ FORCED_GPU_PIPELINE = (
     # where the Trainer looks it up (cv_classifier.gpu_decode's own stays as it was)
     "import cv_classifier.trainer\n"
     "cv_classifier.trainer.choose_decode = lambda *args: 'gpu'\n"
+    "{before_main}"
     "sys.exit(cv.main(sys.argv[1:]))\n")
 
 
-def run_patched_example(*args, launcher: list[str] | None = None,
-                        script_dir: Path | None = None) -> subprocess.CompletedProcess:
+def run_patched_example(*args, launcher: list[str] | None = None, script_dir: Path | None = None,
+                        before_main: str = "") -> subprocess.CompletedProcess:
     """FORCED_GPU_PIPELINE in a child process, as a user runs it (forking workers from pytest's
     process can hang); through `mpslaunch launch LAUNCHER` when given (the script is written
-    to script_dir then)."""
-    command = [sys.executable, "-c", FORCED_GPU_PIPELINE]
+    to script_dir then); before_main: more lines run before main()."""
+    script_text = FORCED_GPU_PIPELINE.replace("{before_main}", before_main)
+    command = [sys.executable, "-c", script_text]
     if launcher is not None:
         script = script_dir / "cv_example_gpu_pipeline.py"
-        script.write_text(FORCED_GPU_PIPELINE)
+        script.write_text(script_text)
         command = [sys.executable, "-m", "mpslaunch", "launch", *launcher, str(script)]
     return subprocess.run([*command, *map(str, args)], capture_output=True, text=True,
                           timeout=180, env=child_env())
+
+
+# After the first epoch's evaluation, the training files are deleted: what the second epoch
+# trains on can only come from the cache.
+DELETE_TRAINING_FILES_AFTER_EPOCH_1 = """\
+import os
+original_evaluate = cv_classifier.trainer.Trainer.evaluate_epoch
+def evaluate_then_delete(self, epoch):
+    original_evaluate(self, epoch)
+    if epoch == 0:
+        for path in self.train_set.paths:
+            os.remove(path)
+cv_classifier.trainer.Trainer.evaluate_epoch = evaluate_then_delete
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_workers_stop_reading_files_the_cache_holds(tmp_path, start_method):
+    """The workers see the training process's table of cached images (shared memory, also when
+    they are spawned, as on macOS): with every training file gone after the first epoch, the
+    second trains on the cache without one unreadable image; without the cache it cannot."""
+    set_start_method = ("import multiprocessing\n"
+                        f"multiprocessing.set_start_method({start_method!r})\n")
+    for cache_gb in ("1", "0"):
+        images = tmp_path / f"images_{cache_gb}"
+        demo.write_demo_images(images, count=40, size=24, classes=2, seed=3)
+        output = tmp_path / f"out_{cache_gb}"
+        result = run_patched_example(
+            "--data_dir", images, "--output_dir", output, "--num_epochs", 2, "--num_workers", 2,
+            "--image_cache_gb", cache_gb, *TINY,
+            before_main=set_start_method + DELETE_TRAINING_FILES_AFTER_EPOCH_1)
+        assert_ran(result)
+        metrics = read_metrics(output)
+        if cache_gb == "1":
+            assert metrics["skipped_images"] == 0 and "could not be decoded" not in result.stderr
+            assert metrics["cached_images"] == metrics["train_images"]
+        else:
+            assert metrics["skipped_images"] == metrics["train_images"]
 
 
 def test_training_with_decode_gpu_wiring_skips_bad_files(tmp_path):
