@@ -53,6 +53,9 @@ the pure step rate once the images are cached; training reaches 0.75-0.83 of tha
 last epoch, ~0.5 in the first (which decodes everything), 0.67 over 3 epochs. The step is bound
 by the training process's CPU there. About 8-12 of the 10-14 s before the first step there are
 Python importing torch and torchvision (whose ops import torch._dynamo: ~5 s on that machine).
+On macOS, Python spawns the workers (Linux forks them): each imports torch and torchvision again
+before its first batch. Forced to spawn on the 2-core Linux machine, the first step of the demo
+came 9.9 s after the start instead of 5.9 s (no Mac was available to measure it there).
 
 Progress: a tqdm bar on the main process with loss and images/s, the eval accuracy after each
 epoch, and at the end `metrics.json` in `--output_dir`:
