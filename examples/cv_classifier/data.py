@@ -175,8 +175,13 @@ class Targets:
     def __init__(self, labels, indices):
         self.labels, self.indices = list(labels), list(indices)
 
-    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.tensor(self.labels).to(device, non_blocking=True),
+    def on(self, device: torch.device,
+           unreadable: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """Labels and indices as tensors on the device; the labels at the positions in
+        `unreadable` become UNREADABLE."""
+        labels = torch.tensor(self.labels)
+        labels[list(unreadable)] = UNREADABLE
+        return (labels.to(device, non_blocking=True),
                 torch.tensor(self.indices).to(device, non_blocking=True))
 
 

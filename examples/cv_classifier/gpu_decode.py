@@ -200,10 +200,10 @@ class JpegBatchDecoder:
             image = v2.functional.to_dtype(image, torch.uint8, scale=True)
         return image.to(self.device)
 
-    def decode_or_recall(self, batch: EncodedBatch,
-                         sizes: list[tuple[int, int]]) -> list[torch.Tensor | None]:
+    def decode_or_recall(self, batch: EncodedBatch) -> tuple[list[torch.Tensor | None],
+                                                             list[int]]:
         """Each JPEG of the batch decoded: from the cache when the worker sent no bytes, else
-        decoded now (all in one call) and offered to the cache."""
+        decoded now (all in one call); and the slots decoded now."""
         encoded = torch.split(batch.data, batch.sizes) if batch.data is not None else ()
         fresh = [slot for slot, size in enumerate(batch.sizes) if size]
         images = [None if size else self.cache.get(batch.jpeg_indices[slot])
@@ -211,26 +211,26 @@ class JpegBatchDecoder:
         decoded = self.decode([encoded[slot] for slot in fresh]) if fresh else []
         for slot, image in zip(fresh, decoded):
             images[slot] = image
-        if self.cache is not None:
-            whole = [slot for slot, image in zip(fresh, decoded)
-                     if image is not None and image.shape[1:] == sizes[slot]]
-            self.cache.add([batch.jpeg_indices[slot] for slot in whole],
-                           [images[slot] for slot in whole])
-        return images
+        return images, fresh
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[int]]:
         size, device = self.size, self.device
-        failed = []
         if not batch.jpeg_positions:
-            return batch.ready.to(device, non_blocking=True), failed
+            return batch.ready.to(device, non_blocking=True), []
         meta = torch.tensor(batch.meta, dtype=torch.float32).to(device, non_blocking=True)
         heights, widths = [jpeg[5] for jpeg in batch.meta], [jpeg[6] for jpeg in batch.meta]
-        images = self.decode_or_recall(batch, list(zip(heights, widths)))
+        images, fresh = self.decode_or_recall(batch)
         count = len(images)
-        for slot, (image, height, width) in enumerate(zip(images, heights, widths)):
-            if image is None or image.shape[1:] != (height, width):
-                failed.append(batch.jpeg_positions[slot])
-                images[slot] = self.nothing  # its crop is blanked below
+        failed_slots = {slot for slot, (image, height, width)
+                        in enumerate(zip(images, heights, widths))
+                        if image is None or image.shape[1:] != (height, width)}
+        if self.cache is not None:  # what decoded whole, to its header's size
+            whole = [slot for slot in fresh if slot not in failed_slots]
+            self.cache.add([batch.jpeg_indices[slot] for slot in whole],
+                           [images[slot] for slot in whole])
+        for slot in failed_slots:
+            images[slot] = self.nothing  # its crop is blanked below
+        failed = [batch.jpeg_positions[slot] for slot in sorted(failed_slots)]
         # Each image at the top left of its slot, zeros around: one call, not a copy per
         # image (their Python would compete with the training loop's for the interpreter).
         canvas = torch.nested.as_nested_tensor(images).to_padded_tensor(

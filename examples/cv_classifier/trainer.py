@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 from .checkpoints import (StopRequest, TrainingPosition, checkpoint_to_resume, save_checkpoint,
                           save_model_replacing, write_replacing)
 from .cli import PROG, InputError
-from .data import (UNREADABLE, EpochShuffle, ImageFiles, collate_decoded, default_num_workers,
-                   eval_transform, make_loader, train_transform)
+from .data import (UNREADABLE, EpochShuffle, ImageFiles, Targets, collate_decoded,
+                   default_num_workers, eval_transform, make_loader, train_transform)
 from .gpu_decode import (GPU_DECODE_WORKERS, DecodeAhead, EncodedBatch, JpegBatchDecoder,
                          choose_decode, collate_encoded, make_image_cache)
 from .images import split_train_eval
@@ -123,10 +123,8 @@ class Trainer:
         """--decode gpu: an EncodedBatch becomes images, labels and indices on the device;
         images that did not decode are blank and labelled UNREADABLE."""
         images, failed = self.jpeg_decoder(batch)
-        labels = torch.tensor(batch.labels)
-        labels[failed] = UNREADABLE
-        return (images, labels.to(self.device, non_blocking=True),
-                torch.tensor(batch.indices).to(self.device, non_blocking=True))
+        return (images,
+                *Targets(batch.labels, batch.indices).on(self.device, unreadable=failed))
 
     # -- phases
 
