@@ -109,6 +109,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None,
                         help="measure each side this many times, keep the best "
                              "(default 1 on a GPU, 2 on the CPU)")
+    parser.add_argument("--no_cuda_graph", action="store_true",
+                        help="cv_example's --no_cuda_graph, for both sides")
     parser.add_argument("--image_cache_gb", default=None,
                         help="cv_example's --image_cache_gb (default: its own)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -191,8 +193,8 @@ def pure_step_worker(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
 
     import_cv_classifier()
-    from cv_classifier.model import (Normalizer, build_model, make_optimizer, memory_format_for,
-                                     train_step)
+    from cv_classifier.model import (Normalizer, build_model, make_optimizer, make_train_step,
+                                     memory_format_for)
 
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device = accelerator.device
@@ -207,10 +209,13 @@ def pure_step_worker(args: argparse.Namespace) -> int:
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
     labels = torch.randint(0, args.num_classes, (batch,), device=device)
 
+    train_step = make_train_step(accelerator, model, optimizer, scheduler, normalize,
+                                 cuda_graph=not args.no_cuda_graph)
+
     def steps(count: int) -> float:
         started = time.perf_counter()
         for _ in range(count):
-            loss = train_step(accelerator, model, optimizer, scheduler, normalize, images, labels)
+            loss = train_step(images, labels)
         loss.item()  # waits for the device
         return time.perf_counter() - started
 
@@ -224,6 +229,7 @@ def pure_step_worker(args: argparse.Namespace) -> int:
                       if device.type == "cuda" else "cpu",
                       "mixed_precision": accelerator.mixed_precision,
                       "memory_format": str(memory_format).replace("torch.", ""),
+                      "cuda_graph": getattr(train_step, "graph", None) is not None,
                       "torch": torch.__version__}))
     return 0
 
@@ -232,7 +238,8 @@ def pure_step_rate(args: argparse.Namespace, image_size: int, num_classes: int) 
     command = [sys.executable, __file__, "--pure_step_worker", "--model", args.model,
                "--batch_size", str(args.batch_size), "--image_size", str(image_size),
                "--mixed_precision", args.mixed_precision, "--num_classes", str(num_classes),
-               "--seconds", str(args.seconds)] + (["--cpu"] if args.cpu else [])
+               "--seconds", str(args.seconds)] + (["--cpu"] if args.cpu else []) \
+        + (["--no_cuda_graph"] if args.no_cuda_graph else [])
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"pure step run failed:\n{result.stderr[-3000:]}")
@@ -297,6 +304,8 @@ def example_args(args: argparse.Namespace, data_dir: Path, image_size: int,
         options += ["--num_workers", str(args.num_workers)]
     if args.image_cache_gb is not None:
         options += ["--image_cache_gb", str(args.image_cache_gb)]
+    if args.no_cuda_graph:
+        options += ["--no_cuda_graph"]
     return options
 
 
@@ -371,6 +380,10 @@ def run_scenario(args, name: str, data_dir: Path, image_size: int, num_classes: 
         "ratio_first_epoch": e2e["train_images_per_second_per_epoch"][0]
         / pure["pure_images_per_second"],
         "cached_images": e2e.get("cached_images", 0),
+        "cuda_graph": e2e.get("cuda_graph", False),
+        "pure_cuda_graph": pure.get("cuda_graph", False),
+        "data_wait_s_per_epoch": e2e.get("data_wait_s_per_epoch", []),
+        "end_to_end_images_per_second_per_epoch": e2e["train_images_per_second_per_epoch"],
         "seconds_from_launch_to_first_step": e2e["seconds_from_launch_to_first_step"],
         "time_to_first_step_s_in_process": e2e["time_to_first_step_s"],
         "end_to_end_wall_seconds": e2e["wall_seconds"],
@@ -401,8 +414,15 @@ def report_text(rows: list[dict]) -> str:
                  "the first optimizer step.")
     for r in rows:
         phases = ", ".join(f"{phase} {at:.1f}s" for phase, at in r["startup_s"].items())
-        lines.append(f"{r['scenario']} (decode {r['decode']}, {r['cached_images']} images "
+        graph = "the step replayed as a CUDA graph" if r["cuda_graph"] else "eager steps"
+        lines.append(f"{r['scenario']} ({graph}; decode {r['decode']}, {r['cached_images']} images "
                      f"cached on the device) start-up, seconds after the process started: {phases}")
+        epochs = ", ".join(f"{rate:,.0f} img/s, waited {wait:.1f}s" for rate, wait in
+                           zip(r["end_to_end_images_per_second_per_epoch"],
+                               r["data_wait_s_per_epoch"]))
+        if epochs:
+            lines.append(f"{r['scenario']} (decode {r['decode']}) per epoch, end to end, with the "
+                         f"time the training loop stood waiting for its next batch: {epochs}")
     return "\n".join(lines)
 
 

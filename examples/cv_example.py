@@ -137,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --decode gpu: keep up to this many GB of decoded training "
                              "images on the device, so later epochs skip reading and decoding "
                              "them (default: a quarter of the GPU's memory on CUDA; 0: off)")
+    parser.add_argument("--no_cuda_graph", action="store_true",
+                        help="run every step eagerly (by default one CUDA process replays the "
+                             "forward and backward pass as a CUDA graph)")
     parser.add_argument("--cpu", action="store_true", help="Accelerator(cpu=True)")
     parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=None,
                         help="Accelerator(mixed_precision=...); default: the launcher's plan")

@@ -3,6 +3,7 @@ schedule, normalisation on the device, one training step, evaluation."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from urllib.parse import urlparse
@@ -90,17 +91,100 @@ class Normalizer:
         return images.float().sub_(self.mean).div_(self.std)
 
 
+def batch_loss(model, normalize, images, labels) -> torch.Tensor:
+    """Mean cross-entropy over the readable images (a batch of only unreadable ones gives 0)."""
+    logits = model(normalize(images))
+    readable = (labels != UNREADABLE).sum().clamp_min(1)
+    return F.cross_entropy(logits, labels, ignore_index=UNREADABLE, reduction="sum") / readable
+
+
 def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
     """One optimizer step; returns the loss, still on the device (reading it would sync)."""
-    logits = model(normalize(images))
-    # Sum over readable images / their count: a batch of only unreadable ones gives 0, not NaN.
-    readable = (labels != UNREADABLE).sum().clamp_min(1)
-    loss = F.cross_entropy(logits, labels, ignore_index=UNREADABLE, reduction="sum") / readable
+    loss = batch_loss(model, normalize, images, labels)
     accelerator.backward(loss)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def cuda_graph_usable(device_type: str, num_processes: int, mixed_precision: str) -> bool:
+    """Where the forward and backward pass can be replayed as one CUDA graph: one CUDA process
+    (DDP's all-reduce hooks are left out) without fp16's GradScaler (it reads the gradients'
+    finiteness back to the CPU each step)."""
+    return device_type == "cuda" and num_processes == 1 and mixed_precision != "fp16"
+
+
+class GraphedTrainStep:
+    """train_step with the forward and backward pass recorded once as a CUDA graph.
+
+    Eager, a ResNet-18 step launches some 300 kernels, one Python call each: ~5 ms of the
+    training process's CPU on the H200 machine, which the decode thread then waits for (the
+    GIL). Replayed, the whole pass is one launch. The first WARMUP steps run eagerly on a side
+    stream (CUDA's rule for capture: lazy initialisation and cuDNN's choices happen there); the
+    next batch is captured into fixed input tensors and every later batch is copied into them.
+    The gradients live in the graph's memory and are overwritten by each replay, so they are
+    not zeroed between steps; the optimizer and the schedule still step eagerly (fused AdamW:
+    one kernel). If a model cannot be captured (a step that reads a value back to the CPU, ...),
+    training goes on eagerly and `fallback` says why.
+    """
+
+    WARMUP = 3
+
+    def __init__(self, accelerator, model, optimizer, scheduler, normalize):
+        self.accelerator, self.model = accelerator, model
+        self.optimizer, self.scheduler, self.normalize = optimizer, scheduler, normalize
+        self.graph = None
+        self.steps_before_capture = self.WARMUP
+        self.fallback: str | None = None
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        step = (self.model, self.optimizer, self.scheduler, self.normalize, images, labels)
+        if self.fallback is not None:
+            return train_step(self.accelerator, *step)
+        if self.graph is None and self.steps_before_capture > 0:
+            self.steps_before_capture -= 1
+            return self.on_side_stream(lambda: train_step(self.accelerator, *step))
+        if self.graph is None and not self.capture(images, labels):
+            return train_step(self.accelerator, *step)
+        self.images.copy_(images)
+        self.labels.copy_(labels)
+        self.graph.replay()
+        self.optimizer.step()
+        self.scheduler.step()
+        return self.loss.clone()  # the graph's own tensor is overwritten by the next replay
+
+    def on_side_stream(self, work):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            result = work()
+        torch.cuda.current_stream().wait_stream(side)
+        return result
+
+    def capture(self, images: torch.Tensor, labels: torch.Tensor) -> bool:
+        self.images, self.labels = images.clone(), labels.clone()
+        self.optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: the decode thread keeps allocating and decoding meanwhile.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                loss = batch_loss(self.model, self.normalize, self.images, self.labels)
+                self.accelerator.backward(loss)
+        except RuntimeError as error:
+            self.fallback = str(error).strip().splitlines()[0] if str(error).strip() else "?"
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        self.graph, self.loss = graph, loss.detach()
+        return True
+
+
+def make_train_step(accelerator, model, optimizer, scheduler, normalize, cuda_graph: bool):
+    """The step the training loop calls with (images, labels): graphed where it can be."""
+    if cuda_graph and cuda_graph_usable(accelerator.device.type, accelerator.num_processes,
+                                        accelerator.mixed_precision):
+        return GraphedTrainStep(accelerator, model, optimizer, scheduler, normalize)
+    return functools.partial(train_step, accelerator, model, optimizer, scheduler, normalize)
 
 
 @torch.no_grad()

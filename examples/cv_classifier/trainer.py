@@ -9,6 +9,7 @@ import time
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import AutocastKwargs
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -21,7 +22,8 @@ from .data import (UNREADABLE, EpochShuffle, ImageFiles, Targets, collate_decode
 from .gpu_decode import (GPU_DECODE_WORKERS, DecodeAhead, EncodedBatch, JpegBatchDecoder,
                          choose_decode, collate_encoded, make_image_cache)
 from .images import split_train_eval
-from .model import Normalizer, build_model, evaluate, make_optimizer, memory_format_for, train_step
+from .model import (GraphedTrainStep, Normalizer, build_model, evaluate, make_optimizer,
+                    make_train_step, memory_format_for)
 from .startup import STARTUP, process_start_time
 
 
@@ -31,7 +33,9 @@ def make_accelerator(args) -> Accelerator:
         options["cpu"] = True
     if args.mixed_precision is not None:
         options["mixed_precision"] = args.mixed_precision
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(), **options)
+    # A CUDA graph cannot hold autocast's cache of cast weights (freed after the capture).
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(),
+                              kwargs_handlers=[AutocastKwargs(cache_enabled=False)], **options)
     # Asynchronous host->device copies pay off from pinned memory, which only CUDA uses.
     accelerator.dataloader_config.non_blocking = accelerator.device.type == "cuda"
     return accelerator
@@ -45,6 +49,27 @@ def warn(accelerator, message: str) -> None:
 def describe_paths(paths: list) -> str:
     names = ", ".join(str(p) for p in paths[:3])
     return names + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+class WaitClock:
+    """Adds up the time an iteration spends waiting for its next item."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def timed(self, iterable):
+        items = iter(iterable)
+        try:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+                self.seconds += time.perf_counter() - asked
+                yield item
+        finally:  # a loop left early stops the decode thread now, not when collected
+            getattr(items, "close", lambda: None)()
 
 
 class Trainer:
@@ -68,12 +93,16 @@ class Trainer:
          self.eval_loader) = accelerator.prepare(model, optimizer, scheduler, train_loader,
                                                  eval_loader)
         self.normalize = Normalizer(self.device, self.memory_format)
+        self.step = make_train_step(accelerator, self.model, self.optimizer, self.scheduler,
+                                    self.normalize, cuda_graph=not args.no_cuda_graph)
         self.position = TrainingPosition()
         accelerator.register_for_checkpointing(self.position)
         self.stop = StopRequest()
+        self.fallback_reported = False
         self.train_seconds = 0.0
         self.images_trained = 0
         self.epoch_rates: list[float] = []  # images/s of each epoch run in this process
+        self.data_waits: list[float] = []  # per epoch: seconds the loop waited for a batch
         self.first_step_finished_at: float | None = None
         self.first_step = (0.0, 0)  # (seconds from the epoch's start, images) when run here
 
@@ -183,10 +212,10 @@ class Trainer:
         unreadable = torch.zeros(len(self.train_set), dtype=torch.bool, device=self.device)
         started, images, loss, shown_at = time.perf_counter(), 0, None, 0.0
         stopped = False
-        for batch_images, labels, indices in self.training_batches(loader):
+        waits = WaitClock()
+        for batch_images, labels, indices in waits.timed(self.training_batches(loader)):
             STARTUP.mark("first_batch_on_device")
-            loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
-                              batch_images, labels)
+            loss = self.step(batch_images, labels)
             unreadable[indices] = labels == UNREADABLE  # no host sync
             images += batch_images.shape[0] * a.num_processes
             self.position.step_in_epoch += 1
@@ -198,7 +227,7 @@ class Trainer:
                 # The first step is start-up (loading kernels, choosing algorithms, the first
                 # batch): reported as time_to_first_step_s, the rates count from its end.
                 self.first_step = (time.perf_counter() - started, images)
-                started, images = time.perf_counter(), 0
+                started, images, waits.seconds = time.perf_counter(), 0, 0.0
             bar.update(1)
             if time.perf_counter() - shown_at > 1.0:  # reading the loss syncs: not every step
                 shown_at = time.perf_counter()
@@ -215,9 +244,22 @@ class Trainer:
         self.train_seconds += seconds
         self.images_trained += images
         self.epoch_rates.append(images / seconds)
+        self.data_waits.append(waits.seconds)
         bar.close()
         self.report_unreadable(self.train_set, unreadable, "training")
+        self.report_graph_fallback()
         return not stopped
+
+    @property
+    def cuda_graph(self) -> bool:
+        return isinstance(self.step, GraphedTrainStep) and self.step.graph is not None
+
+    def report_graph_fallback(self) -> None:
+        fallback = getattr(self.step, "fallback", None)
+        if fallback and not self.fallback_reported:
+            self.fallback_reported = True
+            warn(self.accelerator, f"{self.args.model}'s step could not be recorded as a CUDA "
+                 f"graph ({fallback}); it runs eagerly (--no_cuda_graph skips the attempt)")
 
     def step_checkpoint_due(self) -> bool:
         every = self.args.checkpointing_steps
@@ -282,11 +324,15 @@ class Trainer:
             (self.images_trained + self.first_step[1]) / (self.train_seconds + self.first_step[0])
             if self.train_seconds else None,
             "train_images_per_second_per_epoch": self.epoch_rates,
+            # Time the loop stood waiting for the next batch: the pipeline's share of an epoch
+            # (the device may still be busy with steps queued before).
+            "data_wait_s_per_epoch": self.data_waits,
             "time_to_first_step_s": first - started if first and started else None,
             "first_step_finished_at": first,
             "startup_s": STARTUP.since(started),
             "device": self.device.type,
             "decode": self.decode,
+            "cuda_graph": self.cuda_graph,
             "cached_images": len(self.image_cache.images) if self.image_cache else 0,
             "mixed_precision": a.mixed_precision,
             "num_processes": a.num_processes,
