@@ -360,6 +360,7 @@ def run_scenario(args, name: str, data_dir: Path, image_size: int, num_classes: 
         "decode": e2e.get("decode", "cpu"), "decode_option": args.decode,
         "pure": pure,
         "loader_images_per_second": loader,
+        "loader_images_per_second_per_epoch": loader_run["loader_images_per_second_per_epoch"],
         "loader_over_pure": loader / pure["pure_images_per_second"],
         "startup_s": e2e.get("startup_s", {}),
         "repeats": args.repeats,
@@ -420,6 +421,9 @@ def report_text(rows: list[dict]) -> str:
         epochs = ", ".join(f"{rate:,.0f} img/s, waited {wait:.1f}s" for rate, wait in
                            zip(r["end_to_end_images_per_second_per_epoch"],
                                r["data_wait_s_per_epoch"]))
+        alone = ", ".join(f"{rate:,.0f}" for rate in r["loader_images_per_second_per_epoch"])
+        lines.append(f"{r['scenario']} (decode {r['decode']}) data pipeline alone, img/s per "
+                     f"epoch: {alone}")
         if epochs:
             lines.append(f"{r['scenario']} (decode {r['decode']}) per epoch, end to end, with the "
                          f"time the training loop stood waiting for its next batch: {epochs}")

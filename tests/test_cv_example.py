@@ -118,6 +118,8 @@ def test_trains_on_pet_named_files_and_writes_metrics(uninterrupted_run):
     metrics = read_metrics(uninterrupted_run)
     assert_trained(metrics, epochs=2, images=200, processes=1)
     assert metrics["model"] == "squeezenet1_1" and metrics["skipped_images"] == 0
+    assert metrics["cuda_graph"] is False  # CPU
+    assert len(metrics["data_wait_s_per_epoch"]) == 2
     weights = load_file(uninterrupted_run / "model.safetensors")
     untrained = build_model("squeezenet1_1", 10, pretrained=False).state_dict()
     assert weights.keys() == untrained.keys()
@@ -629,3 +631,39 @@ def test_results_replace_a_planted_symlink_and_follow_the_umask(tmp_path):
     assert not planted.is_symlink() and planted.read_text() == "{}\n"
     assert stat.S_IMODE(planted.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "victim.txt"]
+
+
+def test_decode_ahead_chains_its_stages_in_order_and_raises_their_errors():
+    from cv_classifier.gpu_decode import DecodeAhead
+    cpu = torch.device("cpu")
+    stages = [lambda batch: batch * 2, lambda doubled: (doubled + 1,)]
+    assert list(DecodeAhead(range(50), stages, cpu)) == [(2 * n + 1,) for n in range(50)]
+
+    def fails_at_7(doubled):
+        if doubled == 14:
+            raise ValueError("batch 7 is broken")
+        return (doubled,)
+
+    ahead = iter(DecodeAhead(range(50), [lambda batch: batch * 2, fails_at_7], cpu))
+    assert [next(ahead) for _ in range(7)] == [(2 * n,) for n in range(7)]
+    with pytest.raises(ValueError, match="batch 7 is broken"):
+        next(ahead)
+
+
+def test_decode_ahead_left_early_stops_its_threads():
+    import threading
+    from cv_classifier.gpu_decode import DecodeAhead
+    ahead = iter(DecodeAhead(range(10**6), [lambda batch: batch, lambda batch: (batch,)],
+                             torch.device("cpu")))
+    assert next(ahead) == (0,)
+    ahead.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("decode-ahead")]
+
+
+@pytest.mark.parametrize("device, processes, precision, usable", [
+    ("cuda", 1, "no", True), ("cuda", 1, "bf16", True), ("cuda", 1, "fp16", False),
+    ("cuda", 2, "no", False), ("cpu", 1, "no", False), ("mps", 1, "no", False)])
+def test_cuda_graph_only_for_one_cuda_process_without_a_grad_scaler(device, processes,
+                                                                     precision, usable):
+    from cv_classifier.model import cuda_graph_usable
+    assert cuda_graph_usable(device, processes, precision) is usable

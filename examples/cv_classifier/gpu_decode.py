@@ -204,6 +204,8 @@ class JpegBatchDecoder:
                                                              list[int]]:
         """Each JPEG of the batch decoded: from the cache when the worker sent no bytes, else
         decoded now (all in one call); and the slots decoded now."""
+        if not batch.jpeg_positions:
+            return [], []
         encoded = torch.split(batch.data, batch.sizes) if batch.data is not None else ()
         fresh = [slot for slot, size in enumerate(batch.sizes) if size]
         images = [None if size else self.cache.get(batch.jpeg_indices[slot])
@@ -214,12 +216,17 @@ class JpegBatchDecoder:
         return images, fresh
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[int]]:
+        return self.crop(batch, *self.decode_or_recall(batch))
+
+    def crop(self, batch: EncodedBatch, images: list[torch.Tensor | None],
+             fresh: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """The batch's images (decode_or_recall's) cropped, resized and flipped; the positions
+        of those that did not decode."""
         size, device = self.size, self.device
         if not batch.jpeg_positions:
             return batch.ready.to(device, non_blocking=True), []
         meta = torch.tensor(batch.meta, dtype=torch.float32).to(device, non_blocking=True)
         heights, widths = [jpeg[5] for jpeg in batch.meta], [jpeg[6] for jpeg in batch.meta]
-        images, fresh = self.decode_or_recall(batch)
         count = len(images)
         failed_slots = {slot for slot, (image, height, width)
                         in enumerate(zip(images, heights, widths))
@@ -257,74 +264,96 @@ class JpegBatchDecoder:
 
 
 class DecodeAhead:
-    """Runs the training loader and the JpegBatchDecoder in a thread, a few batches ahead.
+    """Runs the training loader and the stages that make its batches ready, each in a thread of
+    its own, a few batches ahead of the training loop.
 
-    nvjpeg's batch call waits for the decoder (~3 ms a batch of 64 photos on the H200), and the
-    crop launches cost ~1 ms more: done in the training loop they added to its (CPU-bound) step.
-    The thread works on its own CUDA stream; the training stream waits for each batch's event
-    and record_stream keeps the memory until the training stream is done with it. Torch ops
-    release the GIL while they run, so the two threads mostly overlap.
+    With --decode gpu the stages are nvjpeg's batch call (~4 ms a batch of 64 photos on the
+    H200, spent in C++ without the GIL) and the crops (~2 ms of launches): in one thread they
+    took turns, and in the first epoch, which decodes every image, the training loop waited for
+    them. All stages work on one CUDA stream of their own, in order (each thread enqueues a
+    batch's work only after the stage before has enqueued its own); the training stream waits
+    for each batch's event, and record_stream keeps the memory until the training stream is
+    done with it.
     """
 
     DONE = object()
 
-    def __init__(self, loader, prepare, device: torch.device, stream=None, depth: int = 3):
-        self.loader, self.prepare, self.device, self.depth = loader, prepare, device, depth
+    def __init__(self, loader, stages: list, device: torch.device, stream=None, depth: int = 3):
+        self.loader, self.stages, self.device, self.depth = loader, stages, device, depth
         self.stream = stream  # CUDA: the same stream every epoch (the cache's images live on it)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self):
-        batches: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         cuda = self.device.type == "cuda"
         stream = self.stream if self.stream is not None or not cuda else torch.cuda.Stream(
             self.device)
+        outputs = [queue.Queue(maxsize=self.depth) for _ in self.stages]
 
-        def put(item) -> bool:
+        def put(out: queue.Queue, item) -> bool:
             while not stop.is_set():
                 try:
-                    batches.put(item, timeout=0.1)
+                    out.put(item, timeout=0.1)
                     return True
                 except queue.Full:
                     pass
             return False
 
-        def work() -> None:
-            try:
-                with torch.cuda.stream(stream) if cuda else nullcontext():
-                    for batch in self.loader:
-                        images, labels, indices = self.prepare(batch)
-                        event = torch.cuda.Event() if cuda else None
-                        if cuda:
-                            event.record(stream)
-                        if not put((images, labels, indices, event)):
-                            return
-            except BaseException as error:  # noqa: BLE001 - raised again in the training loop
-                put(error)
-                return
-            put(self.DONE)
-
-        thread = threading.Thread(target=work, name="decode-ahead", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = batches.get()
+        def taken(source: queue.Queue):
+            while not stop.is_set():
+                try:
+                    item = source.get(timeout=0.1)
+                except queue.Empty:
+                    continue
                 if item is self.DONE:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                images, labels, indices, event = item
+                yield item
+
+        def work(source, stage, out: queue.Queue, last: bool) -> None:
+            try:
+                with torch.cuda.stream(stream) if cuda else nullcontext():
+                    for item in source:
+                        result = stage(item)
+                        if last and cuda:
+                            event = torch.cuda.Event()
+                            event.record(stream)
+                            result = (*result, event)
+                        if not put(out, result):
+                            return
+            except BaseException as error:  # noqa: BLE001 - raised again in the training loop
+                put(out, error)
+                return
+            put(out, self.DONE)
+
+        sources = [iter(self.loader)] + [taken(out) for out in outputs[:-1]]
+        threads = [threading.Thread(target=work, name=f"decode-ahead-{n}", daemon=True,
+                                    args=(source, stage, out, n == len(self.stages) - 1))
+                   for n, (source, stage, out) in enumerate(zip(sources, self.stages, outputs))]
+        for thread in threads:
+            thread.start()
+        try:
+            while True:
+                item = outputs[-1].get()
+                if item is self.DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
                 if cuda:
+                    *tensors, event = item
                     current = torch.cuda.current_stream(self.device)
                     current.wait_event(event)
-                    for tensor in (images, labels, indices):
+                    for tensor in tensors:
                         tensor.record_stream(current)
-                yield images, labels, indices
+                    item = tuple(tensors)
+                yield item
         finally:
             stop.set()
-            thread.join()
+            for thread in threads:
+                thread.join()
 
 
 def make_image_cache(count: int, gigabytes: float | None,

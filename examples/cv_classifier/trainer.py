@@ -142,16 +142,21 @@ class Trainer:
 
     def training_batches(self, loader):
         """The loader's batches as (images, labels, indices) on the device (--decode gpu:
-        decoded ahead)."""
+        decoded, then cropped, ahead)."""
         if self.jpeg_decoder is None:
             return ((images, *targets.on(self.device)) for images, targets in loader)
-        return DecodeAhead(loader, self.prepare_batch, self.device, self.decode_stream)
+        return DecodeAhead(loader, [self.decode_batch, self.prepare_batch], self.device,
+                           self.decode_stream)
 
-    def prepare_batch(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor,
-                                                          torch.Tensor]:
-        """--decode gpu: an EncodedBatch becomes images, labels and indices on the device;
-        images that did not decode are blank and labelled UNREADABLE."""
-        images, failed = self.jpeg_decoder(batch)
+    def decode_batch(self, batch: EncodedBatch) -> tuple:
+        """--decode gpu, first stage: the batch and its JPEGs decoded (or recalled)."""
+        return (batch, *self.jpeg_decoder.decode_or_recall(batch))
+
+    def prepare_batch(self, decoded: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """--decode gpu, second stage: images, labels and indices on the device; images that
+        did not decode are blank and labelled UNREADABLE."""
+        batch = decoded[0]
+        images, failed = self.jpeg_decoder.crop(*decoded)
         return (images,
                 *Targets(batch.labels, batch.indices).on(self.device, unreadable=failed))
 
