@@ -8,6 +8,12 @@ thread of the process was; with --trace_dir it also writes Chrome traces (chrome
 
     PYTHONPATH=src python3 benchmarks/cv_profile.py --decode gpu --trace_dir $OUT
 
+--stages: no training and no profiler; the data pipeline alone for two epochs, with each
+stage's time per batch (wall and its thread's CPU): waiting for the DataLoader workers, and,
+with --decode gpu, the nvjpeg stage and the crop stage (each in its own thread).
+
+    PYTHONPATH=src python3 benchmarks/cv_profile.py --decode gpu --stages
+
 Not a test and not a throughput number: the profiler slows every operator down. Use it to see
 which thread and which operators compete with the training step; measure speed with
 cv_throughput.py.
@@ -40,6 +46,8 @@ def parse_args(argv):
     parser.add_argument("--first_step", type=int, default=20, help="window start, in each epoch")
     parser.add_argument("--steps", type=int, default=20, help="window length")
     parser.add_argument("--trace_dir", type=Path, default=None)
+    parser.add_argument("--stages", action="store_true",
+                        help="time the data pipeline's stages instead (no training)")
     parser.add_argument("--data_root", type=Path, default=DEFAULT_DATA)
     args = parser.parse_args(argv)
     args.cpu, args.epochs = False, 2
@@ -106,6 +114,65 @@ class ProfiledWindow:
         sys.stdout.flush()
 
 
+class StageClock:
+    """Per-batch wall and thread-CPU time of the functions it wraps, by name."""
+
+    def __init__(self):
+        self.totals: dict[str, list] = {}
+
+    def add(self, name: str, wall: float, cpu: float) -> None:
+        total = self.totals.setdefault(name, [0.0, 0.0, 0])
+        total[0] += wall
+        total[1] += cpu
+        total[2] += 1
+
+    def wrap(self, name: str, function):
+        def timed(item):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            result = function(item)
+            self.add(name, time.perf_counter() - wall, time.thread_time() - cpu)
+            return result
+        return timed
+
+    def iterate(self, name: str, iterable):
+        items = iter(iterable)
+        while True:
+            wall = time.perf_counter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            self.add(name, time.perf_counter() - wall, 0.0)
+            yield item
+
+    def report(self) -> str:
+        return "\n".join(f"  {name}: {wall / count * 1e3:.2f} ms wall, {cpu / count * 1e3:.2f} ms "
+                         f"of its thread's CPU, per batch ({count} batches)"
+                         for name, (wall, cpu, count) in self.totals.items())
+
+
+def stage_timings(trainer, epochs: int) -> None:
+    import torch
+    clock = StageClock()
+    if trainer.jpeg_decoder is not None:
+        trainer.decode_batch = clock.wrap("nvjpeg stage (decode_batch)", trainer.decode_batch)
+        trainer.prepare_batch = clock.wrap("crop stage (prepare_batch)", trainer.prepare_batch)
+    loader = trainer.train_loader
+    for epoch in range(epochs):
+        clock.totals.clear()
+        trainer.sampler.set_epoch(epoch)
+        loader.set_epoch(epoch)
+        started, images = time.perf_counter(), 0
+        timed_loader = clock.iterate("waiting for the DataLoader workers", loader)
+        for batch_images, _labels, _indices in trainer.training_batches(timed_loader):
+            images += batch_images.shape[0]
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        print(f"epoch {epoch + 1}: {images / seconds:,.0f} images/s, the data pipeline alone "
+              f"({loader.num_workers} workers)\n{clock.report()}", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     photos = make_photos(args.data_root / f"photos_{args.photos}", args.photos)
@@ -119,11 +186,15 @@ def main(argv=None) -> int:
                                "--output_dir", "/tmp/cv_profile_run"])
     samples, skipped = find_images(cv_args.data_dir)
     trainer = Trainer(cv_args, make_accelerator(cv_args), samples, skipped)
+    if args.stages:
+        stage_timings(trainer, args.epochs)
+        return 0
     plain = trainer.training_batches
     for epoch in range(args.epochs):
         window = ProfiledWindow(args, epoch)
         trainer.training_batches = lambda loader, window=window: window.wrap(plain(loader))
         trainer.train_one_epoch(epoch)
+        trainer.position.step_in_epoch = 0  # as Trainer.run does between epochs
         print(f"epoch {epoch + 1}: {trainer.epoch_rates[-1]:,.0f} images/s (profiled window "
               f"included), waited {trainer.data_waits[-1]:.2f} s for data", flush=True)
     return 0

@@ -38,21 +38,26 @@ H200, for little gain on ResNets with cuDNN 9's heuristics. Mixed precision is t
 choice (autocast through Accelerate).
 `--decode gpu` (auto picks it on CUDA when the training JPEGs average 16 KB or more, i.e.
 photos, not thumbnails): 4 workers only read the files and draw each image's crop and flip
-(the same numbers the CPU path draws for the same seed); a thread of the training process
-decodes each batch's JPEGs in one nvjpeg call and crops, resizes (roi_align, box-filtered:
-pixel values within a few levels of the CPU path's) and flips them on the GPU, a few batches
-ahead, on its own CUDA stream. The decoded images stay on the GPU (`--image_cache_gb`, by
-default a quarter of its memory; 0 turns it off): from the second epoch on, the workers read no
-file and send only the crops and flips, and nothing is decoded again. Cached images are kept
-at full resolution, so a crop from the cache is bit-identical to one from a fresh decode (a
-resumed run, whose cache starts empty, still ends like an uninterrupted one). PNGs and JPEGs
-nvjpeg refuses are decoded as before; eval batches always decode in the workers.
+(the same numbers the CPU path draws for the same seed); in the training process one thread
+decodes each batch's JPEGs in one nvjpeg call and a second crops, resizes (roi_align,
+box-filtered: pixel values within a few levels of the CPU path's) and flips them on the GPU, a
+few batches ahead, on their own CUDA stream. The decoded images stay on the GPU
+(`--image_cache_gb`, by default a quarter of its memory; 0 turns it off): from the second epoch
+on, the workers read no file and send only the crops and flips, and nothing is decoded again.
+Cached images are kept at full resolution, so a crop from the cache is bit-identical to one from
+a fresh decode (a resumed run, whose cache starts empty, still ends like an uninterrupted one).
+PNGs and JPEGs nvjpeg refuses are decoded as before; eval batches always decode in the workers.
+CUDA graph (one CUDA process, precision no or bf16; `--no_cuda_graph` turns it off): after 3
+eager steps the forward and backward pass is recorded once and replayed, one launch instead of
+~300 kernels launched from Python; the optimizer and the schedule still step eagerly. On an H200
+the replayed run gave bit-identical losses and weights to the eager one (fp32 and bf16).
 Measured on one H200 with 16 CPU cores, resnet18 fp32, batch 64, Pet-sized photos at 224 px
-(benchmarks/cv_throughput.py; numbers and logs in the README): the loader alone delivers ~3x
-the pure step rate once the images are cached; training reaches 0.75-0.83 of that rate in the
-last epoch, ~0.5 in the first (which decodes everything), 0.67 over 3 epochs. The step is bound
-by the training process's CPU there. About 8-12 of the 10-14 s before the first step there are
-Python importing torch and torchvision (whose ops import torch._dynamo: ~5 s on that machine).
+(benchmarks/cv_throughput.py; numbers and logs in the README): the step is bound by the GPU
+(~7.9 ms of its ~8.8 ms); with the graph and the cache, training reaches 0.89-0.91 of the
+graphed step rate from the second epoch on, but ~0.6 in the first, which decodes every JPEG and
+is bound by the data pipeline (~5,500 img/s alone): 0.77 over 3 epochs. About 8-9 of the
+10-13 s before the first step there are Python importing torch, torchvision and Accelerate
+(torchvision's ops import torch._dynamo: ~4 s on that machine).
 On macOS, Python spawns the workers (Linux forks them): each imports torch and torchvision again
 before its first batch. Forced to spawn on the 2-core Linux machine, the first step of the demo
 came 9.9 s after the start instead of 5.9 s (no Mac was available to measure it there).
@@ -66,7 +71,8 @@ epoch, and at the end `metrics.json` in `--output_dir`:
   (train_images_per_second_per_epoch) and with the first step included
   (train_images_per_second_with_first_step), time_to_first_step_s (from the process start to
   the end of the first optimizer step), first_step_finished_at (Unix time), startup_s (seconds
-  from the process start to each start-up phase), device, decode, cached_images,
+  from the process start to each start-up phase), data_wait_s_per_epoch (seconds the loop
+  stood waiting for its next batch), device, decode, cached_images, cuda_graph,
   mixed_precision, num_processes, model, image_size, batch_size (per process), train_images,
   eval_images, skipped_images, seed.
 and the trained weights as `model.safetensors`.

@@ -21,7 +21,7 @@ from .cli import InputError
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
 
 AUTO_GPU_DECODE_BYTES = 16_000  # Pet-sized photos ~120 KB: gpu; 64 px digits ~2 KB: cpu
-GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu
+GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu (at most)
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
