@@ -14,6 +14,7 @@ from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms import v2
 
 from .gpu_decode import EncodedImage, augmentation_params, jpeg_size
+from .transfer import to_device
 
 
 UNREADABLE = -100  # label of an image that failed to decode; cross_entropy's ignore_index
@@ -177,12 +178,13 @@ class Targets:
 
     def on(self, device: torch.device,
            unreadable: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """Labels and indices as tensors on the device; the labels at the positions in
-        `unreadable` become UNREADABLE."""
-        labels = torch.tensor(self.labels)
-        labels[list(unreadable)] = UNREADABLE
-        return (labels.to(device, non_blocking=True),
-                torch.tensor(self.indices).to(device, non_blocking=True))
+        """Labels and indices as tensors on the device (one copy); the labels at the positions
+        in `unreadable` become UNREADABLE."""
+        labels = list(self.labels)
+        for position in unreadable:
+            labels[position] = UNREADABLE
+        both = to_device([labels, self.indices], device)
+        return both[0], both[1]
 
 
 def collate_decoded(batch: list) -> tuple[torch.Tensor, Targets]:

@@ -16,6 +16,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torchvision.transforms import v2
 
 from .cli import InputError
+from .transfer import to_device
 
 # JpegBatchDecoder pads a batch's images through a nested tensor, a stable use of a "prototype" API.
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
@@ -225,7 +226,7 @@ class JpegBatchDecoder:
         size, device = self.size, self.device
         if not batch.jpeg_positions:
             return batch.ready.to(device, non_blocking=True), []
-        meta = torch.tensor(batch.meta, dtype=torch.float32).to(device, non_blocking=True)
+        meta = to_device(batch.meta, device, torch.float32)
         heights, widths = [jpeg[5] for jpeg in batch.meta], [jpeg[6] for jpeg in batch.meta]
         count = len(images)
         failed_slots = {slot for slot, (image, height, width)
