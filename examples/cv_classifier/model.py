@@ -119,7 +119,7 @@ class GraphedTrainStep:
     """train_step with the forward and backward pass recorded once as a CUDA graph.
 
     Eager, a ResNet-18 step launches some 300 kernels, one Python call each: ~5 ms of the
-    training process's CPU on the H200 machine, which the decode thread then waits for (the
+    training process's CPU on the H200 machine, which the decode threads then wait for (the
     GIL). Replayed, the whole pass is one launch. The first WARMUP steps run eagerly on a side
     stream (CUDA's rule for capture: lazy initialisation and cuDNN's choices happen there); the
     next batch is captured into fixed input tensors and every later batch is copied into them.
@@ -137,6 +137,7 @@ class GraphedTrainStep:
         self.graph = None
         self.steps_before_capture = self.WARMUP
         self.fallback: str | None = None
+        self.side_stream = torch.cuda.Stream()
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         step = (self.model, self.optimizer, self.scheduler, self.normalize, images, labels)
@@ -155,7 +156,7 @@ class GraphedTrainStep:
         return self.loss.clone()  # the graph's own tensor is overwritten by the next replay
 
     def on_side_stream(self, work):
-        side = torch.cuda.Stream()
+        side = self.side_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             result = work()
