@@ -153,6 +153,48 @@ def test_two_cpu_processes_through_the_launcher(tmp_path):
     assert (last / "random_states_0.pkl").is_file() and (last / "random_states_1.pkl").is_file()
 
 
+def training_process(launcher: subprocess.Popen, rank: int):
+    """The process of `rank` under the launcher (torchrun's child, not a DataLoader worker)."""
+    import psutil
+    for process in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if (process.environ().get("RANK") == str(rank)  # a worker's parent has its RANK too
+                    and process.parent().environ().get("RANK") != str(rank)):
+                return process
+        except psutil.Error:  # a worker that just ended
+            continue
+    raise AssertionError(f"no training process of rank {rank}")
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step_with_a_checkpoint(tmp_path):
+    """Only rank 1 gets the signal: rank 0 stops at the same step only if they agree on it
+    (without agreeing, rank 0 trains on and the two wait for each other for ever)."""
+    images = tmp_path / "images"
+    demo.write_demo_images(images, count=200, size=24, classes=4)
+    output = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mpslaunch", "launch", "--cpu", "--num_processes", "2",
+         str(EXAMPLE), "--data_dir", str(images), "--output_dir", str(output), "--num_epochs", "4",
+         "--num_workers", "1", "--checkpointing_steps", "3", *TINY],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=child_env())
+    try:
+        wait_for(output / "checkpoints" / "step_00000003", process)
+        training_process(process, rank=1).send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert not (output / "metrics.json").exists()
+    last = latest_checkpoint(output)
+    stopped_at = int(last.name.split("_")[1])
+    assert f"stopped at step {stopped_at}" in stdout
+    assert (last / "random_states_0.pkl").is_file() and (last / "random_states_1.pkl").is_file()
+    assert not list((output / "checkpoints").glob("*.partial"))
+
+
 def test_unreadable_and_truncated_images_are_skipped_with_a_warning(tmp_path):
     images = tmp_path / "images"
     paths = demo.write_demo_images(images, count=60, size=24, classes=3)

@@ -8,6 +8,8 @@ import re
 import signal
 from pathlib import Path
 
+import torch
+
 from .cli import InputError
 
 
@@ -99,6 +101,7 @@ class StopRequest:
 
     def __init__(self):
         self.signal_number: int | None = None
+        self.cpu_group = None  # local_cpu_group's, once made (False: none)
 
     def install(self) -> None:
         for signal_number in (signal.SIGINT, signal.SIGTERM):
@@ -110,12 +113,36 @@ class StopRequest:
         self.signal_number = signal_number
 
     def agreed(self, accelerator) -> bool:
-        """Whether to stop now; with several processes, all of them stop at the same step."""
+        """Whether to stop now; with several processes, all of them stop at the same step.
+
+        On one machine they agree over a CPU (gloo) group: Accelerate's check_trigger reduces a
+        tensor on the device and reads it back, a wait for the GPU at every step that keeps the
+        training loop from queueing work ahead of it. Across machines, where gloo may not reach
+        the other hosts, check_trigger it is."""
         if accelerator.num_processes == 1:
             return self.signal_number is not None
-        if self.signal_number is not None:
-            accelerator.set_trigger()
-        return accelerator.check_trigger()
+        group = self.local_cpu_group()
+        if group is None:
+            if self.signal_number is not None:
+                accelerator.set_trigger()
+            return accelerator.check_trigger()
+        flag = torch.tensor([int(self.signal_number is not None)])
+        torch.distributed.all_reduce(flag, group=group)
+        return bool(flag.item())
+
+    def local_cpu_group(self):
+        """A gloo group of all processes when they share this machine (made once, at the first
+        check, which every process reaches at the same step), else None."""
+        if self.cpu_group is None:
+            dist = torch.distributed
+            one_machine = dist.get_world_size() == int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+            if not one_machine:
+                self.cpu_group = False
+            elif dist.get_backend() == "gloo":
+                self.cpu_group = dist.group.WORLD
+            else:
+                self.cpu_group = dist.new_group(backend="gloo")
+        return None if self.cpu_group is False else self.cpu_group
 
     def exit_code(self) -> int:
         return 128 + (self.signal_number or signal.SIGTERM)
