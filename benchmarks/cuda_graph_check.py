@@ -11,11 +11,10 @@ state is per process):
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import AutocastKwargs
 
 from cv_throughput import import_cv_classifier
 
@@ -26,8 +25,8 @@ def train(cuda_graph: bool, precision: str):
     from cv_classifier.data import UNREADABLE
     from cv_classifier.model import (Normalizer, build_model, make_optimizer, make_train_step,
                                      memory_format_for)
-    accelerator = Accelerator(mixed_precision=precision,
-                              kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
+    from cv_classifier.trainer import make_accelerator
+    accelerator = make_accelerator(argparse.Namespace(cpu=False, mixed_precision=precision))
     device = accelerator.device
     memory_format = memory_format_for(device)
     torch.manual_seed(0)

@@ -190,13 +190,15 @@ def make_demo(folder: Path) -> Path:
 def pure_step_worker(args: argparse.Namespace) -> int:
     """Runs in its own process: cv_example's train_step on one batch already on the device."""
     import torch
-    from accelerate import Accelerator
 
     import_cv_classifier()
     from cv_classifier.model import (Normalizer, build_model, make_optimizer, make_train_step,
                                      memory_format_for)
+    from cv_classifier.trainer import make_accelerator
 
-    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+    # cv_example's own set-up (with bf16 that matters: its autocast keeps no weight cache,
+    # which a CUDA graph could not hold).
+    accelerator = make_accelerator(args)
     device = accelerator.device
     memory_format = memory_format_for(device)
     model = build_model(args.model, args.num_classes, pretrained=False)
