@@ -155,11 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-
 def is_main_rank() -> bool:
     """Before Accelerator() exists: torchrun's RANK, so only one process reports input errors."""
     return os.environ.get("RANK", "0") == "0"
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,12 @@ class InputError(Exception):
     """Bad input from the user: reported as one line and exit code 2."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message cut to its first line (torch's run to pages)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         raise InputError(message)

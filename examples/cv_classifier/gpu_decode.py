@@ -168,12 +168,12 @@ class JpegBatchDecoder:
     """EncodedBatch -> uint8 (N, 3, S, S) on the device, as train_transform would give it.
 
     All the JPEGs of a batch not in the cache are decoded in one call (nvjpeg batches them;
-    baseline JPEGs go to the GPU's hardware decoder) and offered to the cache; each is copied to the top left of a canvas whose last row and
-    column are repeated one pixel further (so sampling at an image's edge sees the edge, as
-    interpolate's clamping does); roi_align then crops and resizes all of them in one kernel,
-    averaging ceil(crop / S) x ceil(crop / S) bilinear samples per output pixel (a box filter
-    against aliasing, where the CPU path uses antialiased bilinear resizing: the same crop and
-    flip, pixel values within a few levels). A batch call that raises is retried image by image,
+    baseline JPEGs go to the GPU's hardware decoder) and offered to the cache; each is copied to
+    the top left of a canvas whose last row and column are repeated one pixel further (so
+    sampling at an image's edge sees the edge, as interpolate's clamping does); roi_align then
+    crops and resizes all of them in one kernel, averaging ceil(crop / S) x ceil(crop / S)
+    bilinear samples per output pixel (a box filter against aliasing, where the CPU path uses
+    antialiased bilinear resizing: the same crop and flip, pixel values within a few levels). A batch call that raises is retried image by image,
     then on the CPU; an image nothing decodes comes back blank and is returned in `failed`.
     """
 
@@ -205,8 +205,6 @@ class JpegBatchDecoder:
                                                              list[int]]:
         """Each JPEG of the batch decoded: from the cache when the worker sent no bytes, else
         decoded now (all in one call); and the slots decoded now."""
-        if not batch.jpeg_positions:
-            return [], []
         encoded = torch.split(batch.data, batch.sizes) if batch.data is not None else ()
         fresh = [slot for slot, size in enumerate(batch.sizes) if size]
         images = [None if size else self.cache.get(batch.jpeg_indices[slot])

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from .cli import InputError
+from .cli import InputError, first_line
 from .data import UNREADABLE
 
 
@@ -126,13 +126,13 @@ class GraphedTrainStep:
     The gradients live in the graph's memory and are overwritten by each replay, so they are
     not zeroed between steps; the optimizer and the schedule still step eagerly (fused AdamW:
     one kernel). If a model cannot be captured (a step that reads a value back to the CPU, ...),
-    training goes on eagerly and `fallback` says why.
+    training goes on eagerly, `fallback` says why and `warn` is told once.
     """
 
     WARMUP = 3
 
-    def __init__(self, accelerator, model, optimizer, scheduler, normalize):
-        self.accelerator, self.model = accelerator, model
+    def __init__(self, accelerator, model, optimizer, scheduler, normalize, warn=print):
+        self.accelerator, self.model, self.warn = accelerator, model, warn
         self.optimizer, self.scheduler, self.normalize = optimizer, scheduler, normalize
         self.graph = None
         self.steps_before_capture = self.WARMUP
@@ -168,23 +168,27 @@ class GraphedTrainStep:
         self.optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients
         graph = torch.cuda.CUDAGraph()
         try:
-            # thread_local: the decode thread keeps allocating and decoding meanwhile.
+            # thread_local: the decode threads keep allocating and decoding meanwhile.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 loss = batch_loss(self.model, self.normalize, self.images, self.labels)
                 self.accelerator.backward(loss)
         except RuntimeError as error:
-            self.fallback = str(error).strip().splitlines()[0] if str(error).strip() else "?"
+            self.fallback = first_line(error) or type(error).__name__
             self.optimizer.zero_grad(set_to_none=True)
+            self.warn(f"the step could not be recorded as a CUDA graph ({self.fallback}); it "
+                      "runs eagerly (--no_cuda_graph skips the attempt)")
             return False
         self.graph, self.loss = graph, loss.detach()
         return True
 
 
-def make_train_step(accelerator, model, optimizer, scheduler, normalize, cuda_graph: bool):
-    """The step the training loop calls with (images, labels): graphed where it can be."""
+def make_train_step(accelerator, model, optimizer, scheduler, normalize, cuda_graph: bool,
+                    warn=print):
+    """The step the training loop calls with (images, labels): graphed where it can be (`warn`
+    hears once if the graph cannot be recorded)."""
     if cuda_graph and cuda_graph_usable(accelerator.device.type, accelerator.num_processes,
                                         accelerator.mixed_precision):
-        return GraphedTrainStep(accelerator, model, optimizer, scheduler, normalize)
+        return GraphedTrainStep(accelerator, model, optimizer, scheduler, normalize, warn)
     return functools.partial(train_step, accelerator, model, optimizer, scheduler, normalize)
 
 

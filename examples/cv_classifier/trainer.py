@@ -9,14 +9,13 @@ import time
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import AutocastKwargs
-from accelerate.utils import set_seed
+from accelerate.utils import AutocastKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .checkpoints import (StopRequest, TrainingPosition, checkpoint_to_resume, save_checkpoint,
                           save_model_replacing, write_replacing)
-from .cli import PROG, InputError
+from .cli import PROG, InputError, first_line
 from .data import (UNREADABLE, EpochShuffle, ImageFiles, Targets, collate_decoded,
                    default_num_workers, eval_transform, make_loader, train_transform)
 from .gpu_decode import (GPU_DECODE_WORKERS, DecodeAhead, EncodedBatch, JpegBatchDecoder,
@@ -94,11 +93,12 @@ class Trainer:
                                                  eval_loader)
         self.normalize = Normalizer(self.device, self.memory_format)
         self.step = make_train_step(accelerator, self.model, self.optimizer, self.scheduler,
-                                    self.normalize, cuda_graph=not args.no_cuda_graph)
+                                    self.normalize, cuda_graph=not args.no_cuda_graph,
+                                    warn=lambda message: warn(accelerator,
+                                                              f"{args.model}: {message}"))
         self.position = TrainingPosition()
         accelerator.register_for_checkpointing(self.position)
         self.stop = StopRequest()
-        self.fallback_reported = False
         self.train_seconds = 0.0
         self.images_trained = 0
         self.epoch_rates: list[float] = []  # images/s of each epoch run in this process
@@ -172,9 +172,8 @@ class Trainer:
         try:
             self.accelerator.load_state(str(checkpoint))
         except (RuntimeError, ValueError, KeyError, FileNotFoundError) as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise InputError(f"cannot resume from {checkpoint}: it does not match this run "
-                             f"(model, classes or options): {first_line}") from None
+                             f"(model, classes or options): {first_line(error)}") from None
         self.accelerator.print(f"{PROG}: resumed from {checkpoint} at epoch "
                                f"{self.position.epoch + 1}, step {self.position.global_step}")
 
@@ -252,19 +251,11 @@ class Trainer:
         self.data_waits.append(waits.seconds)
         bar.close()
         self.report_unreadable(self.train_set, unreadable, "training")
-        self.report_graph_fallback()
         return not stopped
 
     @property
     def cuda_graph(self) -> bool:
         return isinstance(self.step, GraphedTrainStep) and self.step.graph is not None
-
-    def report_graph_fallback(self) -> None:
-        fallback = getattr(self.step, "fallback", None)
-        if fallback and not self.fallback_reported:
-            self.fallback_reported = True
-            warn(self.accelerator, f"{self.args.model}'s step could not be recorded as a CUDA "
-                 f"graph ({fallback}); it runs eagerly (--no_cuda_graph skips the attempt)")
 
     def step_checkpoint_due(self) -> bool:
         every = self.args.checkpointing_steps
