@@ -164,6 +164,35 @@ class DecodedImageCache:
             self.sizes[index, 0] = heights.int()
 
 
+def edge_padded_canvas(images: list[torch.Tensor]) -> torch.Tensor:
+    """The images (each (C, h, w), C the same) as one (N, C, H + 1, W + 1) tensor, H and W the
+    largest height and width: each at the top left, its last row and column repeated out to the
+    canvas's edge, so that sampling at an image's edge sees the edge (as interpolate's clamping
+    does) and roi_align can crop them all in one call.
+
+    One gather from all the images end to end, whatever N is: ~15 kernel launches, against
+    ~70 for padding through a nested tensor (each launch is Python and driver work in a thread
+    that shares the interpreter with the training loop).
+    """
+    channels = images[0].shape[0]
+    heights = [image.shape[1] for image in images]
+    widths = [image.shape[2] for image in images]
+    flat = torch.cat([image.reshape(-1) for image in images])
+    index_type = torch.int32 if flat.numel() < 2**31 else torch.int64
+    starts = [0]
+    for height, width in zip(heights[:-1], widths[:-1]):
+        starts.append(starts[-1] + channels * height * width)
+    height, width, start = to_device([heights, widths, starts], flat.device, index_type)
+    rows = torch.arange(max(heights) + 1, device=flat.device, dtype=index_type)
+    cols = torch.arange(max(widths) + 1, device=flat.device, dtype=index_type)
+    rows = torch.minimum(rows, (height - 1)[:, None]) * width[:, None]  # (N, H + 1)
+    cols = torch.minimum(cols, (width - 1)[:, None])  # (N, W + 1)
+    planes = start[:, None] + torch.arange(channels, device=flat.device,
+                                           dtype=index_type) * (height * width)[:, None]
+    index = (planes[:, :, None] + rows[:, None, :])[..., None] + cols[:, None, None, :]
+    return flat[index]
+
+
 class JpegBatchDecoder:
     """EncodedBatch -> uint8 (N, 3, S, S) on the device, as train_transform would give it.
 
@@ -237,16 +266,7 @@ class JpegBatchDecoder:
         for slot in failed_slots:
             images[slot] = self.nothing  # its crop is blanked below
         failed = [batch.jpeg_positions[slot] for slot in sorted(failed_slots)]
-        # Each image at the top left of its slot, zeros around: one call, not a copy per
-        # image (their Python would compete with the training loop's for the interpreter).
-        canvas = torch.nested.as_nested_tensor(images).to_padded_tensor(
-            0, output_size=(count, 3, max(heights) + 1, max(widths) + 1))
-        extent = meta[:, 5:7].long().view(count, 2, 1, 1, 1)
-        _, _, rows, cols = canvas.shape
-        edge = (extent[:, 1] - 1).expand(count, 3, rows, 1)  # the last column, one further
-        canvas.scatter_(3, edge + 1, canvas.gather(3, edge))
-        edge = (extent[:, 0] - 1).expand(count, 3, 1, cols)  # the last row, one further
-        canvas.scatter_(2, edge + 1, canvas.gather(2, edge))
+        canvas = edge_padded_canvas(images)
         crops = torchvision.ops.roi_align(canvas.float(), meta[:, :5], output_size=size,
                                           spatial_scale=1.0, sampling_ratio=-1, aligned=True)
         crops = torch.where(meta[:, 7].bool().view(count, 1, 1, 1), crops.flip(3), crops)
@@ -266,13 +286,14 @@ class DecodeAhead:
     """Runs the training loader and the stages that make its batches ready, each in a thread of
     its own, a few batches ahead of the training loop.
 
-    With --decode gpu the stages are nvjpeg's batch call (~4 ms a batch of 64 photos on the
-    H200, spent in C++ without the GIL) and the crops (~2 ms of launches): in one thread they
-    took turns, and in the first epoch, which decodes every image, the training loop waited for
-    them. All stages work on one CUDA stream of their own, in order (each thread enqueues a
-    batch's work only after the stage before has enqueued its own); the training stream waits
-    for each batch's event, and record_stream keeps the memory until the training stream is
-    done with it.
+    With --decode gpu the stages are nvjpeg's batch call (~4 ms a batch of 64 photos on an idle
+    H200, spent in C++ without the GIL, one call at a time: torchvision holds a lock around it
+    and waits for the decode to finish) and the crops (~2 ms of launches). The loader has a
+    thread of its own too: taking a batch from the workers costs ~2 ms, which the nvjpeg thread,
+    the slowest, would otherwise spend between its calls. All stages work on one CUDA stream
+    of their own, in order (each thread enqueues a batch's work only after the stage before has
+    enqueued its own); the training stream waits for each batch's event, and record_stream
+    keeps the memory until the training stream is done with it.
     """
 
     DONE = object()
@@ -289,7 +310,8 @@ class DecodeAhead:
         cuda = self.device.type == "cuda"
         stream = self.stream if self.stream is not None or not cuda else torch.cuda.Stream(
             self.device)
-        outputs = [queue.Queue(maxsize=self.depth) for _ in self.stages]
+        stages = [fetched, *self.stages]
+        outputs = [queue.Queue(maxsize=self.depth) for _ in stages]
 
         def put(out: queue.Queue, item) -> bool:
             while not stop.is_set():
@@ -330,8 +352,8 @@ class DecodeAhead:
 
         sources = [iter(self.loader)] + [taken(out) for out in outputs[:-1]]
         threads = [threading.Thread(target=work, name=f"decode-ahead-{n}", daemon=True,
-                                    args=(source, stage, out, n == len(self.stages) - 1))
-                   for n, (source, stage, out) in enumerate(zip(sources, self.stages, outputs))]
+                                    args=(source, stage, out, n == len(stages) - 1))
+                   for n, (source, stage, out) in enumerate(zip(sources, stages, outputs))]
         for thread in threads:
             thread.start()
         try:
@@ -353,6 +375,11 @@ class DecodeAhead:
             stop.set()
             for thread in threads:
                 thread.join()
+
+
+def fetched(batch):
+    """DecodeAhead's first stage: the batch as the loader gave it (taken in a thread of its own)."""
+    return batch
 
 
 def make_image_cache(count: int, gigabytes: float | None,
