@@ -692,34 +692,6 @@ def test_decode_ahead_chains_its_stages_in_order_and_raises_their_errors():
         next(ahead)
 
 
-def test_decode_ahead_takes_from_the_loader_in_a_thread_of_its_own():
-    """The first stage (nvjpeg with --decode gpu) never waits for the workers itself; an error
-    from the loader (a worker's) is raised in the training loop."""
-    import threading
-    from cv_classifier.gpu_decode import DecodeAhead
-    threads = {"loader": set(), "stage": set()}
-
-    def loader(fail_at=None):
-        for n in range(20):
-            threads["loader"].add(threading.current_thread().name)
-            if n == fail_at:
-                raise OSError("worker died")
-            yield n
-
-    def stage(batch):
-        threads["stage"].add(threading.current_thread().name)
-        return (batch,)
-
-    cpu = torch.device("cpu")
-    assert list(DecodeAhead(loader(), [stage], cpu)) == [(n,) for n in range(20)]
-    assert len(threads["loader"]) == len(threads["stage"]) == 1
-    assert threads["loader"].isdisjoint(threads["stage"] | {threading.current_thread().name})
-    ahead = iter(DecodeAhead(loader(fail_at=5), [stage], cpu))
-    assert [next(ahead) for _ in range(5)] == [(n,) for n in range(5)]
-    with pytest.raises(OSError, match="worker died"):
-        next(ahead)
-
-
 def test_edge_padded_canvas_repeats_each_images_last_row_and_column_to_the_edge():
     """What roi_align crops from: each image at the top left of its slot, padded as
     replicate-padding would (so bilinear samples at an edge see the edge)."""

@@ -288,12 +288,12 @@ class DecodeAhead:
 
     With --decode gpu the stages are nvjpeg's batch call (~4 ms a batch of 64 photos on an idle
     H200, spent in C++ without the GIL, one call at a time: torchvision holds a lock around it
-    and waits for the decode to finish) and the crops (~2 ms of launches). The loader has a
-    thread of its own too: taking a batch from the workers costs ~2 ms, which the nvjpeg thread,
-    the slowest, would otherwise spend between its calls. All stages work on one CUDA stream
-    of their own, in order (each thread enqueues a batch's work only after the stage before has
-    enqueued its own); the training stream waits for each batch's event, and record_stream
-    keeps the memory until the training stream is done with it.
+    and waits for the decode to finish) and the crops (~2 ms of launches). The nvjpeg thread
+    also takes the batches from the loader (~2 ms a batch): a thread of its own for that was
+    no faster on the H200. All stages work on one CUDA stream of their own, in order (each
+    thread enqueues a batch's work only after the stage before has enqueued its own); the
+    training stream waits for each batch's event, and record_stream keeps the memory until
+    the training stream is done with it.
     """
 
     DONE = object()
@@ -310,8 +310,7 @@ class DecodeAhead:
         cuda = self.device.type == "cuda"
         stream = self.stream if self.stream is not None or not cuda else torch.cuda.Stream(
             self.device)
-        stages = [fetched, *self.stages]
-        outputs = [queue.Queue(maxsize=self.depth) for _ in stages]
+        outputs = [queue.Queue(maxsize=self.depth) for _ in self.stages]
 
         def put(out: queue.Queue, item) -> bool:
             while not stop.is_set():
@@ -352,8 +351,8 @@ class DecodeAhead:
 
         sources = [iter(self.loader)] + [taken(out) for out in outputs[:-1]]
         threads = [threading.Thread(target=work, name=f"decode-ahead-{n}", daemon=True,
-                                    args=(source, stage, out, n == len(stages) - 1))
-                   for n, (source, stage, out) in enumerate(zip(sources, stages, outputs))]
+                                    args=(source, stage, out, n == len(self.stages) - 1))
+                   for n, (source, stage, out) in enumerate(zip(sources, self.stages, outputs))]
         for thread in threads:
             thread.start()
         try:
@@ -375,11 +374,6 @@ class DecodeAhead:
             stop.set()
             for thread in threads:
                 thread.join()
-
-
-def fetched(batch):
-    """DecodeAhead's first stage: the batch as the loader gave it (taken in a thread of its own)."""
-    return batch
 
 
 def make_image_cache(count: int, gigabytes: float | None,
