@@ -25,6 +25,17 @@ def test_exit_code_and_signal_wording():
     assert how_it_ended(3) == "exited with code 3"
     assert how_it_ended(-signal.SIGKILL) == "was killed by SIGKILL (exit code 137)"
     assert how_it_ended(-signal.SIGSEGV) == "was killed by SIGSEGV (exit code 139)"
+    assert how_it_ended(143) == "exited with code 143, as a script does that stops on SIGTERM"
+    assert how_it_ended(130) == "exited with code 130, as a script does that stops on SIGINT"
+    assert how_it_ended(137) == "exited with code 137"  # SIGKILL cannot be caught: no such stop
+
+
+def test_a_rank_that_stopped_on_a_signal_is_not_called_failed():
+    """cv_example's ranks exit 143 after saving a checkpoint on SIGTERM."""
+    text = failure_summary(RankFailure(0, 0, 1, 143, None))
+    assert text.startswith("mpslaunch: rank 0 stopped first: it exited with code 143, as a "
+                           "script does that stops on SIGTERM")
+    assert "failed" not in text
 
 
 def test_log_folder_is_the_latest_attempt(tmp_path):

@@ -47,6 +47,15 @@ def _number(name: str) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stopped_on_request(exitcode: int) -> bool:
+    """128+N for SIGINT or SIGTERM: by convention, a script that caught the signal and stopped
+    (cv_example saves a checkpoint first), not a crash."""
+    return exitcode - 128 in STOP_SIGNALS
+
+
 def how_it_ended(exitcode: int) -> str:
     if exitcode < 0:
         try:
@@ -54,11 +63,15 @@ def how_it_ended(exitcode: int) -> str:
         except ValueError:
             name = f"signal {-exitcode}"
         return f"was killed by {name} (exit code {exit_code(exitcode)})"
+    if stopped_on_request(exitcode):
+        return (f"exited with code {exitcode}, "
+                f"as a script does that stops on {signal.Signals(exitcode - 128).name}")
     return f"exited with code {exitcode}"
 
 
 def failure_summary(failure: RankFailure) -> str:
-    text = f"mpslaunch: rank {failure.rank} failed first: it {how_it_ended(failure.exitcode)}"
+    ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
+    text = f"mpslaunch: rank {failure.rank} {ended} first: it {how_it_ended(failure.exitcode)}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and (folder / "stderr.log").is_file():
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
