@@ -41,7 +41,7 @@ photos, not thumbnails): 4 workers only read the files and draw each image's cro
 (the same numbers the CPU path draws for the same seed); in the training process one thread
 decodes each batch's JPEGs in one nvjpeg call and a second crops, resizes (roi_align,
 box-filtered: pixel values within a few levels of the CPU path's) and flips them on the GPU, a
-few batches ahead, on their own CUDA stream. The decoded images stay on the GPU
+few batches ahead, on their own CUDA stream (the images padded into one canvas by one gather). The decoded images stay on the GPU
 (`--image_cache_gb`, by default a quarter of its memory; 0 turns it off): from the second epoch
 on, the workers read no file and send only the crops and flips, and nothing is decoded again.
 Cached images are kept at full resolution, so a crop from the cache is bit-identical to one from
@@ -54,10 +54,11 @@ the replayed run gave bit-identical losses and weights to the eager one (fp32 an
 Measured on one H200 with 16 CPU cores, resnet18 fp32, batch 64, Pet-sized photos at 224 px
 (benchmarks/cv_throughput.py; numbers and logs in the README): the step is bound by the GPU
 (~7.9 ms of its ~8.8 ms); with the graph and the cache, training reaches 0.89-0.91 of the
-graphed step rate from the second epoch on, but ~0.6 in the first, which decodes every JPEG and
-is bound by the data pipeline (~5,500 img/s alone): 0.77 over 3 epochs. About 8-9 of the
-10-13 s before the first step there are Python importing torch, torchvision and Accelerate
-(torchvision's ops import torch._dynamo: ~4 s on that machine).
+graphed step rate from the second epoch on (0.86-0.88 on slower machine starts), but
+0.54-0.59 in the first, which decodes every JPEG: torchvision runs one nvjpeg call at a time
+and waits for it, 7-9 ms a batch of 64 beside the training: 0.72-0.77 over 3 epochs. About
+7-11 of the 9-13 s before the first step there are Python importing torch, torchvision and
+Accelerate (torchvision's ops import torch._dynamo: ~4 s on that machine).
 On macOS, Python spawns the workers (Linux forks them): each imports torch and torchvision again
 before its first batch. Forced to spawn on the 2-core Linux machine, the first step of the demo
 came 9.9 s after the start instead of 5.9 s (no Mac was available to measure it there).
