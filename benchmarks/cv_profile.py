@@ -14,6 +14,11 @@ with --decode gpu, the nvjpeg stage and the crop stage (each in its own thread).
 
     PYTHONPATH=src python3 benchmarks/cv_profile.py --decode gpu --stages
 
+--waits: trains (no profiler) and tells where in each epoch the training loop waited for its
+next batch: the first batch, all the others, and the five longest waits with their positions.
+
+    PYTHONPATH=src python3 benchmarks/cv_profile.py --decode gpu --waits
+
 Not a test and not a throughput number: the profiler slows every operator down. Use it to see
 which thread and which operators compete with the training step; measure speed with
 cv_throughput.py.
@@ -48,9 +53,12 @@ def parse_args(argv):
     parser.add_argument("--trace_dir", type=Path, default=None)
     parser.add_argument("--stages", action="store_true",
                         help="time the data pipeline's stages instead (no training)")
+    parser.add_argument("--waits", action="store_true",
+                        help="where in each epoch the training loop waits (no profiler)")
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--data_root", type=Path, default=DEFAULT_DATA)
     args = parser.parse_args(argv)
-    args.cpu, args.epochs = False, 2
+    args.cpu = False
     return args
 
 
@@ -173,6 +181,35 @@ def stage_timings(trainer, epochs: int) -> None:
               f"({loader.num_workers} workers)\n{clock.report()}", flush=True)
 
 
+def wait_positions(trainer, epochs: int) -> None:
+    """Trains and evaluates `epochs` epochs, as cv_example does, recording each wait for a
+    training batch (through the Trainer's WaitClock)."""
+    from cv_classifier import trainer as trainer_module
+    records = []
+
+    class RecordingClock(trainer_module.WaitClock):
+        def timed(self, iterable):
+            waits = []
+            records.append(waits)
+            clock = time.perf_counter()
+            for item in super().timed(iterable):
+                waits.append(time.perf_counter() - clock)
+                yield item
+                clock = time.perf_counter()
+
+    trainer_module.WaitClock = RecordingClock
+    for epoch in range(epochs):
+        trainer.train_one_epoch(epoch)
+        trainer.position.step_in_epoch = 0  # as Trainer.run does between epochs
+        trainer.evaluate_epoch(epoch)
+        waits = records[-1]
+        longest = sorted(range(len(waits)), key=lambda i: -waits[i])[:5]
+        print(f"epoch {epoch + 1}: {trainer.epoch_rates[-1]:,.0f} images/s; waited "
+              f"{waits[0] * 1e3:.1f} ms for the first batch, {sum(waits[1:]) * 1e3:.1f} ms for "
+              f"batches 2-{len(waits)}; longest waits (batch, ms): "
+              f"{[(i + 1, round(waits[i] * 1e3, 1)) for i in longest]}", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     photos = make_photos(args.data_root / f"photos_{args.photos}", args.photos)
@@ -188,6 +225,9 @@ def main(argv=None) -> int:
     trainer = Trainer(cv_args, make_accelerator(cv_args), samples, skipped)
     if args.stages:
         stage_timings(trainer, args.epochs)
+        return 0
+    if args.waits:
+        wait_positions(trainer, args.epochs)
         return 0
     plain = trainer.training_batches
     for epoch in range(args.epochs):

@@ -24,9 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work.
-pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
-              # cv_example filters it too, but pytest resets the filters for each test
-              pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")]
+pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "cv_example.py"

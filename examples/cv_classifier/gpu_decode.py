@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import warnings
 from contextlib import nullcontext
+from itertools import accumulate
 
 import torch
 import torchvision
@@ -17,9 +17,6 @@ from torchvision.transforms import v2
 
 from .cli import InputError
 from .transfer import to_device
-
-# JpegBatchDecoder pads a batch's images through a nested tensor, a stable use of a "prototype" API.
-warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
 
 AUTO_GPU_DECODE_BYTES = 16_000  # Pet-sized photos ~120 KB: gpu; 64 px digits ~2 KB: cpu
 GPU_DECODE_WORKERS = 4  # default DataLoader workers per process with --decode gpu (at most)
@@ -179,9 +176,7 @@ def edge_padded_canvas(images: list[torch.Tensor]) -> torch.Tensor:
     widths = [image.shape[2] for image in images]
     flat = torch.cat([image.reshape(-1) for image in images])
     index_type = torch.int32 if flat.numel() < 2**31 else torch.int64
-    starts = [0]
-    for height, width in zip(heights[:-1], widths[:-1]):
-        starts.append(starts[-1] + channels * height * width)
+    starts = [0, *accumulate(channels * h * w for h, w in zip(heights[:-1], widths[:-1]))]
     height, width, start = to_device([heights, widths, starts], flat.device, index_type)
     rows = torch.arange(max(heights) + 1, device=flat.device, dtype=index_type)
     cols = torch.arange(max(widths) + 1, device=flat.device, dtype=index_type)
@@ -197,9 +192,9 @@ class JpegBatchDecoder:
     """EncodedBatch -> uint8 (N, 3, S, S) on the device, as train_transform would give it.
 
     All the JPEGs of a batch not in the cache are decoded in one call (nvjpeg batches them;
-    baseline JPEGs go to the GPU's hardware decoder) and offered to the cache; each is copied to
-    the top left of a canvas whose last row and column are repeated one pixel further (so
-    sampling at an image's edge sees the edge, as interpolate's clamping does); roi_align then
+    baseline JPEGs go to the GPU's hardware decoder) and offered to the cache; all are placed
+    in one canvas (edge_padded_canvas: each at the top left, its last row and column repeated,
+    so sampling at an image's edge sees the edge, as interpolate's clamping does); roi_align then
     crops and resizes all of them in one kernel, averaging ceil(crop / S) x ceil(crop / S)
     bilinear samples per output pixel (a box filter against aliasing, where the CPU path uses
     antialiased bilinear resizing: the same crop and flip, pixel values within a few levels). A batch call that raises is retried image by image,
