@@ -197,8 +197,9 @@ class JpegBatchDecoder:
     so sampling at an image's edge sees the edge, as interpolate's clamping does); roi_align then
     crops and resizes all of them in one kernel, averaging ceil(crop / S) x ceil(crop / S)
     bilinear samples per output pixel (a box filter against aliasing, where the CPU path uses
-    antialiased bilinear resizing: the same crop and flip, pixel values within a few levels). A batch call that raises is retried image by image,
-    then on the CPU; an image nothing decodes comes back blank and is returned in `failed`.
+    antialiased bilinear resizing: the same crop and flip, pixel values within a few levels).
+    A batch call that raises is retried image by image, then on the CPU; an image nothing
+    decodes comes back blank and is returned in `failed`.
     """
 
     def __init__(self, device: torch.device, image_size: int,
