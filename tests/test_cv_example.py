@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -185,6 +186,9 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step_with_a_checkpoin
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "Traceback" not in stderr
+    # the launcher's summary: a clean stop, not a failure
+    assert re.search(r"mpslaunch: rank \d stopped first: it exited with code 143", stderr)
+    assert "failed first" not in stderr
     assert not (output / "metrics.json").exists()
     last = latest_checkpoint(output)
     stopped_at = int(last.name.split("_")[1])
