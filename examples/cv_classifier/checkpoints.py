@@ -3,6 +3,7 @@ results by rename, and the stop that SIGTERM/SIGINT request."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -101,7 +102,6 @@ class StopRequest:
 
     def __init__(self):
         self.signal_number: int | None = None
-        self.cpu_group = None  # local_cpu_group's, once made (False: none)
 
     def install(self) -> None:
         for signal_number in (signal.SIGINT, signal.SIGTERM):
@@ -121,7 +121,7 @@ class StopRequest:
         the other hosts, check_trigger it is."""
         if accelerator.num_processes == 1:
             return self.signal_number is not None
-        group = self.local_cpu_group()
+        group = self.local_cpu_group
         if group is None:
             if self.signal_number is not None:
                 accelerator.set_trigger()
@@ -130,19 +130,16 @@ class StopRequest:
         torch.distributed.all_reduce(flag, group=group)
         return bool(flag.item())
 
+    @functools.cached_property
     def local_cpu_group(self):
         """A gloo group of all processes when they share this machine (made once, at the first
         check, which every process reaches at the same step), else None."""
-        if self.cpu_group is None:
-            dist = torch.distributed
-            one_machine = dist.get_world_size() == int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-            if not one_machine:
-                self.cpu_group = False
-            elif dist.get_backend() == "gloo":
-                self.cpu_group = dist.group.WORLD
-            else:
-                self.cpu_group = dist.new_group(backend="gloo")
-        return None if self.cpu_group is False else self.cpu_group
+        dist = torch.distributed
+        if dist.get_world_size() != int(os.environ.get("LOCAL_WORLD_SIZE", "0")):
+            return None
+        if dist.get_backend() == "gloo":
+            return dist.group.WORLD
+        return dist.new_group(backend="gloo")
 
     def exit_code(self) -> int:
         return 128 + (self.signal_number or signal.SIGTERM)
