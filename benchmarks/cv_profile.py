@@ -128,11 +128,11 @@ class StageClock:
     def __init__(self):
         self.totals: dict[str, list] = {}
 
-    def add(self, name: str, wall: float, cpu: float) -> None:
+    def add(self, name: str, wall: float, cpu: float, count: int = 1) -> None:
         total = self.totals.setdefault(name, [0.0, 0.0, 0])
         total[0] += wall
         total[1] += cpu
-        total[2] += 1
+        total[2] += count
 
     def wrap(self, name: str, function):
         def timed(item):
@@ -142,17 +142,6 @@ class StageClock:
             return result
         return timed
 
-    def iterate(self, name: str, iterable):
-        items = iter(iterable)
-        while True:
-            wall = time.perf_counter()
-            try:
-                item = next(items)
-            except StopIteration:
-                return
-            self.add(name, time.perf_counter() - wall, 0.0)
-            yield item
-
     def report(self) -> str:
         return "\n".join(f"  {name}: {wall / count * 1e3:.2f} ms wall, {cpu / count * 1e3:.2f} ms "
                          f"of its thread's CPU, per batch ({count} batches)"
@@ -161,6 +150,7 @@ class StageClock:
 
 def stage_timings(trainer, epochs: int) -> None:
     import torch
+    from cv_classifier.trainer import WaitClock
     clock = StageClock()
     if trainer.jpeg_decoder is not None:
         trainer.decode_batch = clock.wrap("nvjpeg stage (decode_batch)", trainer.decode_batch)
@@ -170,13 +160,16 @@ def stage_timings(trainer, epochs: int) -> None:
         clock.totals.clear()
         trainer.sampler.set_epoch(epoch)
         loader.set_epoch(epoch)
-        started, images = time.perf_counter(), 0
-        timed_loader = clock.iterate("waiting for the DataLoader workers", loader)
-        for batch_images, _labels, _indices in trainer.training_batches(timed_loader):
+        started, images, batches = time.perf_counter(), 0, 0
+        workers = WaitClock()  # taking batches from the loader (in the first stage's thread)
+        for batch_images, _labels, _indices in trainer.training_batches(workers.timed(loader)):
             images += batch_images.shape[0]
+            batches += 1
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
+        waiting = {"waiting for the DataLoader workers": [workers.seconds, 0.0, batches]}
+        clock.totals = {**waiting, **clock.totals}  # reported first, as it comes first
         print(f"epoch {epoch + 1}: {images / seconds:,.0f} images/s, the data pipeline alone "
               f"({loader.num_workers} workers)\n{clock.report()}", flush=True)
 
