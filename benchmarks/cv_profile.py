@@ -128,11 +128,11 @@ class StageClock:
     def __init__(self):
         self.totals: dict[str, list] = {}
 
-    def add(self, name: str, wall: float, cpu: float, count: int = 1) -> None:
+    def add(self, name: str, wall: float, cpu: float) -> None:
         total = self.totals.setdefault(name, [0.0, 0.0, 0])
         total[0] += wall
         total[1] += cpu
-        total[2] += count
+        total[2] += 1
 
     def wrap(self, name: str, function):
         def timed(item):
