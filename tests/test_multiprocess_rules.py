@@ -14,7 +14,7 @@ from mpslaunch import cli, machine as machine_probe
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile, save
-from mpslaunch.questionnaire import process_counts, several_machines_possible
+from mpslaunch.commands.questions import process_counts, several_machines_possible
 
 # Apple silicon Macs where this torch's mps works: auto means mps there.
 MPS_MACS = ["m1_macos14", "m2_macos15", "m3_macos15_torch2.5", "m1_macos13_torch2.8",
@@ -116,7 +116,7 @@ def on_a_mac(monkeypatch):
     def must_not_run(*_args, **_kwargs):
         raise AssertionError("the torchrun path started")
 
-    import mpslaunch.torchrun as torchrun
+    import mpslaunch.run.torchrun.elastic as torchrun
     monkeypatch.setattr(torchrun, "run", must_not_run)
     monkeypatch.setattr(torchrun, "describe", must_not_run)
 

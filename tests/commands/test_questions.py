@@ -19,7 +19,7 @@ from mpslaunch import profile as profiles
 from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
-from mpslaunch.questionnaire import (ask_profile, device_in_use, device_offer, precision_offer,
+from mpslaunch.commands.questions import (ask_profile, device_in_use, device_offer, precision_offer,
                                      process_counts, several_machines_possible)
 
 ENTER, DOWN, CTRL_C, BACKSPACE = "\r", "\x1b[B", "\x03", "\x7f"
@@ -175,7 +175,7 @@ def test_ctrl_c_and_end_of_input_stop_the_questions():
 
 
 def test_importing_the_module_does_not_import_questionary():
-    code = ("import sys, mpslaunch.questionnaire, mpslaunch.configure; "
+    code = ("import sys, mpslaunch.commands.questions, mpslaunch.commands.config; "
             "print(sorted(m for m in ('questionary', 'prompt_toolkit', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

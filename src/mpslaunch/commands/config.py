@@ -30,7 +30,7 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.options import add_profile_options
+from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
 
@@ -67,10 +67,10 @@ def main(args: argparse.Namespace) -> int:
 
 def interactive(path: Path, machine: Machine) -> int:
     """Ask, then write. Reads and draws through the current prompt_toolkit session (tests swap it)."""
-    from mpslaunch import questionnaire
+    from mpslaunch.commands import questions
 
     try:
-        answers = questionnaire.ask_profile(machine, _existing(path))
+        answers = questions.ask_profile(machine, _existing(path))
     except (KeyboardInterrupt, EOFError) as stop:
         kept = f"; {path} is unchanged" if path.exists() else ""
         how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"

@@ -20,7 +20,7 @@ from prompt_toolkit.application import create_app_session
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from mpslaunch import configure
+from mpslaunch.commands import config as configure
 from mpslaunch import profile as profiles
 from mpslaunch.machine import Machine
 from mpslaunch.profile import Profile
