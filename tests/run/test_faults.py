@@ -229,6 +229,21 @@ time.sleep(120)
     assert not _alive(child_pid)
 
 
+def test_helpers_in_sessions_of_their_own_are_killed_after_a_normal_exit(tmp_path, marker):
+    """`start_new_session=True` and `setsid` take a helper out of the script's process group, so
+    the group kill misses it; the launcher finds it by the run's marker in its environment."""
+    script = write_script(tmp_path, "detach.py", """
+import subprocess, sys
+quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, **quiet)
+subprocess.Popen(["setsid", "sleep", "120"], **quiet)
+""")
+    result = subprocess.run([sys.executable, "-m", "mpslaunch", "launch", "--cpu", "-q", str(script)],
+                            capture_output=True, text=True, timeout=60, env=run_env(marker))
+    assert result.returncode == 0, result.stderr
+    assert survivors(marker, settle=2) == []
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
