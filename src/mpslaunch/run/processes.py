@@ -1,5 +1,12 @@
 """What both run paths share about child processes: the signals that stop a run, exit codes,
-killing a process group, and prctl."""
+killing a process group, prctl, and finding every process a run started.
+
+Every process of a run carries RUN_MARKER=<the run's id> in its environment, inherited from the
+child the launcher starts; after the run, whatever still carries it is killed, wherever it went
+(its own session, reparented to init or launchd). psutil reads the environments on Linux and
+macOS alike (on macOS not those of Apple's own signed programs: docs/mps-facts.md: Training on a
+Mac). psutil is imported only when used: it costs ~15 ms.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,8 @@ import sys
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
+RUN_MARKER = "MPSLAUNCH_RUN_ID"
+_CLOCK_SLACK_SECONDS = 2.0  # Linux start times are computed from a boot time in whole seconds
 
 
 def exit_code(returncode: int) -> int:
@@ -22,6 +31,46 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def new_run_id() -> str:
+    return os.urandom(8).hex()
+
+
+def kill_marked(run_id: str, since: float) -> list[int]:
+    """SIGKILL every live process that carries the run's marker and started after `since` (a
+    time.time()), wait briefly for them to go, and return their pids."""
+    import psutil
+
+    killed = []
+    for _ in range(10):  # a helper may start another one while we kill: a few rounds
+        left = marked_processes(run_id, since)
+        if not left:
+            break
+        for process in left:
+            try:
+                process.kill()  # psutil checks first that the pid was not reused
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=1.0)
+        killed += [process.pid for process in left]
+    return killed
+
+
+def marked_processes(run_id: str, since: float) -> list:
+    """Live psutil.Process objects (never this one) whose environment has RUN_MARKER=run_id."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid == os.getpid() or process.create_time() < since - _CLOCK_SLACK_SECONDS:
+                continue
+            if process.environ().get(RUN_MARKER) == run_id:
+                found.append(process)
+        except psutil.Error:
+            continue  # gone meanwhile, a zombie, or another user's
+    return found
 
 
 def linux_prctl():

@@ -2,9 +2,11 @@
 
 The child gets a session of its own, so a Ctrl-C in the terminal reaches it once (through us)
 rather than twice, and when it ends we can kill whatever it left behind (DataLoader workers) by
-its process group. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and start a grace period
-after which the child's whole group is killed; SIGUSR1 and SIGUSR2 are only forwarded.
-On Linux the child also dies if the launcher itself is killed (PR_SET_PDEATHSIG).
+its process group, and by the run's marker what left that group (setsid helpers).
+SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and start a grace period after which the
+child's whole group is killed; SIGUSR1 and SIGUSR2 are only forwarded.
+On Linux the child also dies if the launcher itself is killed (PR_SET_PDEATHSIG); its helpers
+in sessions of their own do not.
 
 Exit code: the child's own; 128+N when signal N killed it (the shell's convention).
 """
@@ -15,17 +17,20 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.run.processes import FORWARDED_SIGNALS, STOPPING_SIGNALS, exit_code, kill_group, linux_prctl
+from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
+                                     kill_group, kill_marked, linux_prctl, new_run_id)
 
 DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS) -> int:
-    env = {**os.environ, **env_additions}
+    run_id, started = new_run_id(), time.time()
+    env = {**os.environ, **env_additions, RUN_MARKER: run_id}
     supervisor = _Supervisor(grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with _SignalHandlers(supervisor.forward):
@@ -35,8 +40,10 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
         supervisor.attach(child)
+        import psutil  # noqa: F401  (for the clean-up: ~15 ms, paid while the child runs)
         returncode = child.wait()
     supervisor.clean_up()
+    kill_marked(run_id, started)  # helpers that left the child's session
     return exit_code(returncode)
 
 

@@ -24,10 +24,11 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
   are forwarded to every rank. A grace period above 30 s needs a torch whose LaunchConfig has
   `shutdown_timeout` (2.14 has it; older ones SIGKILL after a fixed 30 s). When a rank fails,
   torch stops the others with SIGTERM and its own 30 s before SIGKILL, whatever the grace.
-- Leftovers: after the run, whatever is left of the ranks is SIGKILLed and reaped, on Linux also
-  what a rank that exited left running (on macOS that is not found). A launcher killed with
-  SIGKILL cannot stop its ranks (torch starts them in sessions of their own, without a
-  parent-death signal); every other way of ending the launcher stops them.
+- Leftovers: after the run, whatever is left of the ranks is SIGKILLed and reaped, and so is
+  what a rank that exited left running, found by the run's marker in its environment (on
+  macOS not when it is one of Apple's own programs: docs/mps-facts.md: Training on a Mac).
+  A launcher killed with SIGKILL cannot stop its ranks (torch starts them in sessions of their
+  own, without a parent-death signal); every other way of ending the launcher stops them.
 - torch versions: only options and fields that torch 2.11 has (the oldest seen on our machines)
   are relied on; newer ones (shutdown_timeout) are used where present.
 """
@@ -40,13 +41,14 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan
-from mpslaunch.run.processes import exit_code
+from mpslaunch.run.processes import RUN_MARKER, exit_code
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
@@ -113,7 +115,8 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 def run(plan: LaunchPlan, grace_seconds: float) -> int:
     """Run the plan through torch's elastic agent; return the launcher's exit code."""
     rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
-    env = launcher_environment(plan, rendezvous, os.environ)
+    env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: rendezvous.run_id}
+    started = time.time()
     _line_buffered(sys.stdout)
     with LauncherSignals(grace_seconds) as signals, adopt_orphans(), _LogFolder(plan.log_dir) as logs:
         try:
@@ -123,7 +126,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
             _say(stopped_summary(stop.signum))
         finally:
             signals.quiet()
-            sweep()
+            sweep(rendezvous.run_id, started)
     return code
 
 

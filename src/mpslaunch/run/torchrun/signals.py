@@ -12,9 +12,11 @@ Who does what:
   rank's process group itself.
 - SIGUSR1, SIGUSR2: torch does not handle them (they would kill the launcher), so our handler
   forwards them to every rank (not to the ranks' helpers such as DataLoader workers).
-- After the run, `sweep()` SIGKILLs the process group of any rank still there, and on Linux of
-  the helpers that ranks which already exited left behind (`adopt_orphans`), and reaps them, so
-  nothing the ranks started outlives the launcher.
+- After the run, `sweep()` SIGKILLs the process group of any rank still there, then every
+  process that carries the run's marker in its environment (run/processes.py), wherever it
+  went: the helpers that ranks which already exited left behind, on Linux and macOS alike. On
+  Linux those helpers are also our children while the run lasts (`adopt_orphans`), so one that
+  cleared its environment is found too; we reap what was ours.
 
 The ranks are found as this process's children that lead their own process group: torch starts
 every rank with start_new_session=True, and the launcher process starts nothing else.
@@ -25,14 +27,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
-from mpslaunch.run.processes import STOPPING_SIGNALS, kill_group, linux_prctl
+from mpslaunch.run.processes import STOPPING_SIGNALS, kill_group, kill_marked, linux_prctl
 
 FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
 
@@ -137,12 +137,13 @@ def kill_ranks() -> list[int]:
     return pids
 
 
-def sweep() -> list[int]:
-    """SIGKILL what is left of the run and reap it; return the pids.
+def sweep(run_id: str, since: float) -> list[int]:
+    """SIGKILL what is left of the run and reap what was ours; return the pids.
 
     What is left: our children in a process group other than ours, that is the ranks (each
     leads its own) and, on Linux, the helpers of ranks that already exited, which
-    `adopt_orphans` made our children. Each goes with its whole process group.
+    `adopt_orphans` made our children, each with its whole process group; then every process
+    started after `since` that carries the run's marker.
     """
     swept = []
     for _ in range(10):  # killing a helper can orphan its own children to us: a few rounds
@@ -153,14 +154,14 @@ def sweep() -> list[int]:
             kill_group(pgid)
         _reap([pid for pid, _ in left])
         swept += [pid for pid, _ in left]
-    return swept
+    return swept + kill_marked(run_id, since)
 
 
 @contextmanager
 def adopt_orphans() -> Iterator[None]:
     """Linux: while the run lasts, what a rank leaves behind when it exits becomes our child
-    (PR_SET_CHILD_SUBREAPER) instead of init's, so `sweep` can find and end it. Elsewhere a
-    helper of a rank that exited on its own is not found."""
+    (PR_SET_CHILD_SUBREAPER) instead of init's, so `sweep` finds it even without the run's
+    marker. Elsewhere only the marker finds it."""
     prctl = linux_prctl()
     if prctl is None:
         yield
@@ -197,38 +198,14 @@ def rank_pids() -> list[int]:
     return sorted(pid for pid, pgid in children() if pgid == pid)
 
 
-def children(parent: int | None = None) -> list[tuple[int, int]]:
-    """(pid, process group) of each child of `parent` (default: us)."""
-    parent = os.getpid() if parent is None else parent
-    table = _process_table_proc() if Path("/proc/self/stat").exists() else _process_table_ps()
-    return [(pid, pgid) for pid, ppid, pgid in table if ppid == parent]
+def children() -> list[tuple[int, int]]:
+    """(pid, process group) of each of our children, zombies included."""
+    import psutil
 
-
-def _process_table_proc() -> list[tuple[int, int, int]]:
-    rows = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    found = []
+    for child in psutil.Process().children():
         try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-        fields = text[text.rindex(")") + 2:].split()
-        rows.append((int(entry.name), int(fields[1]), int(fields[2])))
-    return rows
-
-
-def _process_table_ps() -> list[tuple[int, int, int]]:
-    # macOS has no /proc; ps prints pid, ppid and process group id the same way there and on Linux.
-    try:
-        done = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "pgid="],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    rows = []
-    for line in done.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and all(part.lstrip("-").isdigit() for part in parts):
-            rows.append(tuple(int(part) for part in parts))
-    return rows
+            found.append((child.pid, os.getpgid(child.pid)))
+        except ProcessLookupError:  # a zombie on macOS shows no group; reaped meanwhile on Linux
+            found.append((child.pid, child.pid))
+    return found
