@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 
 from mpslaunch.machine import Machine
+from mpslaunch.torch_check import MpsAnswer
 
 REPO = Path(__file__).resolve().parents[1]
+
+# torch's verdicts, as a check in a child leaves them (docs/mps-facts.md: Detecting MPS).
+MPS_WORKS = MpsAnswer(True, "works", "", "2026-03-19 14:02")
+MPS_UNAVAILABLE_ON_26 = MpsAnswer(  # pytorch/pytorch#177819: macOS 26.3.1, torch 2.10
+    False, "torch.backends.mps.is_available() is False (RuntimeError: The MPS backend is "
+    "supported on macOS 14.0+. Current OS version can be queried using `sw_vers`)",
+    "update torch (pip install -U torch), then run `mpslaunch env` to check again", "2026-03-19 14:02")
 
 # Computers we do not own, described by the facts the probe would read on them.
 MACHINES = {
@@ -22,6 +30,12 @@ MACHINES = {
     "m3_macos15_torch2.5": Machine("Darwin", "arm64", (15, 0), chip="Apple M3", torch_version="2.5.1", cpu_count=8, python="python3"),
     "m1_macos12_torch2.4": Machine("Darwin", "arm64", (12, 6), chip="Apple M1", torch_version="2.4.1", cpu_count=8, python="python3"),
     "m2_no_torch": Machine("Darwin", "arm64", (14, 5), chip="Apple M2", torch_version=None, cpu_count=8, python="python3"),
+    "m3_macos14": Machine("Darwin", "arm64", (14, 7), chip="Apple M3 Pro", torch_version="2.14.1", cpu_count=12, python="python3", mps_answer=MPS_WORKS),
+    "m4_macos15": Machine("Darwin", "arm64", (15, 5), chip="Apple M4 Max", torch_version="2.14.1", cpu_count=16, python="python3", mps_answer=MPS_WORKS),
+    "m4_macos26.0": Machine("Darwin", "arm64", (26, 0), chip="Apple M4", torch_version="2.14.1", cpu_count=10, python="python3", mps_answer=MPS_WORKS),
+    "m2_macos26.3": Machine("Darwin", "arm64", (26, 3), chip="Apple M2 Max", torch_version="2.14.1", cpu_count=12, python="python3"),
+    "m2_macos26.3_torch_says_no": Machine("Darwin", "arm64", (26, 3, 1), chip="Apple M2 Max", torch_version="2.10.0", cpu_count=12, python="python3", mps_answer=MPS_UNAVAILABLE_ON_26),
+    "mac_vm": Machine("Darwin", "arm64", (15, 7), chip="Apple M1 (Virtual)", torch_version="2.14.1", cpu_count=3, python="python3", virtual_machine=True),
     "intel_mac": Machine("Darwin", "x86_64", (13, 6), chip="Intel(R) Core(TM) i7", torch_version="2.2.2", cpu_count=8, python="python3"),
     "rosetta": Machine("Darwin", "x86_64", (14, 5), rosetta=True, chip="Apple M1", torch_version="2.2.2", cpu_count=8, python="python3"),
     "linux_cpu": Machine("Linux", "x86_64", torch_version="2.14.1", torch_cuda="13.0", cpu_count=2, python="python3"),
@@ -36,6 +50,14 @@ def isolated_config_dir(tmp_path_factory, monkeypatch) -> Path:
     """No test ever reads or writes the real user's profiles."""
     folder = tmp_path_factory.mktemp("config")
     monkeypatch.setenv("MPSLAUNCH_CONFIG_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache_dir(tmp_path_factory, monkeypatch) -> Path:
+    """No test ever reads or writes the real user's cached mps verdicts."""
+    folder = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("MPSLAUNCH_CACHE_DIR", str(folder))
     return folder
 
 

@@ -1,8 +1,9 @@
 """What this computer is: platform facts probed with the standard library only.
 
 The launcher does not import torch on the single-process path (it costs ~2 s and ~600 MB and
-the child imports it anyway), so every fact here comes from the platform module, sysctl on
-macOS, files under /proc and /dev on Linux, and torch's installed metadata read as text.
+the child imports it anyway), so every fact here comes from one sysctl call on macOS, files
+under /proc and /dev on Linux, and torch's installed metadata read as text. What torch itself
+says about mps on a Mac comes from a child Python, cached (torch_check.py); `verify_mps` asks it.
 Tests build `Machine` values by hand to describe computers we do not own.
 """
 
@@ -13,8 +14,15 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from mpslaunch import torch_check
+from mpslaunch.torch_check import MpsAnswer
+
+# One `sysctl` call reads them all; the last two are missing on some older macOS releases.
+_MAC_SYSCTLS = ("kern.osproductversion", "kern.osversion", "machdep.cpu.brand_string",
+                "kern.hv_vmm_present", "sysctl.proc_translated")
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,9 @@ class Machine:
     cuda_devices: tuple[str, ...] = ()  # names of the NVIDIA GPUs this process may use
     cpu_count: int = 1
     python: str = sys.executable
+    virtual_machine: bool = False  # a macOS virtual machine (kern.hv_vmm_present), e.g. a CI runner
+    os_build: str | None = None  # the macOS build (kern.osversion), e.g. "24B83"
+    mps_answer: MpsAnswer | None = None  # torch's own verdict on mps, cached; None: not asked yet
 
     @property
     def is_mac(self) -> bool:
@@ -44,22 +55,52 @@ class Machine:
 
 
 def probe() -> Machine:
-    """The Machine this process runs on. Cheap: a few file reads, sysctl only on macOS."""
+    """The Machine this process runs on. Cheap: a few file reads; on macOS one sysctl call and
+    the cached mps verdict."""
     system, arch = os.uname().sysname, os.uname().machine  # platform.* costs an import
     is_mac = system == "Darwin"
+    mac = _mac_sysctls() if is_mac else {}
     torch_facts = _torch_build_facts()
-    return Machine(
+    machine = Machine(
         system=system,
         arch=arch,
-        macos_version=_macos_version() if is_mac else None,
-        rosetta=is_mac and _sysctl("sysctl.proc_translated") == "1",
-        chip=_sysctl("machdep.cpu.brand_string") if is_mac else None,
+        macos_version=_macos_version(mac.get("kern.osproductversion")) if is_mac else None,
+        rosetta=mac.get("sysctl.proc_translated") == "1",
+        chip=mac.get("machdep.cpu.brand_string"),
         torch_version=torch_facts.get("__version__"),
         torch_cuda=torch_facts.get("cuda"),
         cuda_devices=() if is_mac else visible_nvidia_gpus(),
         cpu_count=os.cpu_count() or 1,
         python=sys.executable,
+        virtual_machine=mac.get("kern.hv_vmm_present") == "1",
+        os_build=mac.get("kern.osversion"),
     )
+    key = mps_cache_key(machine)
+    return replace(machine, mps_answer=torch_check.read_cached(key)) if key else machine
+
+
+def verify_mps(machine: Machine, timeout: float) -> Machine:
+    """Ask torch in a child Python whether mps works here; the machine with its verdict, cached.
+    A check that gives no verdict in time leaves the machine as it was."""
+    return with_torch_facts(machine, torch_check.run_torch_check(machine.python, timeout))
+
+
+def with_torch_facts(machine: Machine, facts: dict) -> Machine:
+    """The machine with the mps verdict in a torch check's facts; on a Mac it is also cached."""
+    answer = torch_check.mps_answer(facts)
+    if answer is None:
+        return machine
+    key = mps_cache_key(machine)
+    if key:
+        torch_check.save(key, answer)
+    return replace(machine, mps_answer=answer)
+
+
+def mps_cache_key(machine: Machine) -> str | None:
+    """What the verdict holds for: this Python, this torch, this macOS build; None off a Mac."""
+    if not (machine.is_mac and machine.torch_version and machine.os_build):
+        return None
+    return torch_check.cache_key(machine.python, machine.torch_version, machine.os_build)
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
@@ -68,18 +109,36 @@ def version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in numbers.split(".") if part)
 
 
-def _macos_version() -> tuple[int, ...] | None:
-    import platform
+def _macos_version(product_version: str | None) -> tuple[int, ...] | None:
+    """sysctl's macOS version, else platform.mac_ver()'s. A Python built with an SDK older than
+    macOS 26 is told 16.x there: that is 26.x (docs/mps-facts.md: Where torch's own answer and
+    the platform disagree)."""
+    if not product_version:
+        import platform
 
-    return version_tuple(platform.mac_ver()[0]) or None
+        product_version = platform.mac_ver()[0]
+    version = version_tuple(product_version)
+    if version[:1] == (16,):
+        version = (26, *version[1:])
+    return version or None
 
 
-def _sysctl(name: str) -> str | None:
+def _mac_sysctls() -> dict[str, str]:
     try:
-        done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5)
+        done = subprocess.run(["sysctl", *_MAC_SYSCTLS], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+        return {}
+    return parse_sysctl(done.stdout)  # an unknown name fails the call but not the others' lines
+
+
+def parse_sysctl(text: str) -> dict[str, str]:
+    """'kern.osversion: 24B83' lines (macOS sysctl without -n) -> {name: value}, non-empty only."""
+    found = {}
+    for line in text.splitlines():
+        name, colon, value = line.partition(": ")
+        if colon and name in _MAC_SYSCTLS and value.strip():
+            found[name] = value.strip()
+    return found
 
 
 def _torch_build_facts() -> dict[str, str]:

@@ -148,10 +148,11 @@ def choose_device(wanted: str, request: LaunchRequest, machine: Machine) -> tupl
             raise MpslaunchError(f"{source} asks for {wanted}, but {problem}; "
                                  "use --device auto to pick what this machine has, or --cpu")
         return wanted, _describe(wanted, machine)
-    for device, problem in (("mps", mps_problem(machine)), ("cuda", cuda_problem(machine))):
+    mps_auto_problem = mps_problem(machine) or virtual_machine_problem(machine)
+    for device, problem in (("mps", mps_auto_problem), ("cuda", cuda_problem(machine))):
         if problem is None:
             return device, _describe(device, machine)
-    why = mps_problem(machine) if machine.is_mac else cuda_problem(machine)
+    why = mps_auto_problem if machine.is_mac else cuda_problem(machine)
     return "cpu", f"cpu: {why}"
 
 
@@ -184,6 +185,22 @@ def mps_problem(machine: Machine) -> str | None:
         return (f"torch {machine.torch_version} needs macOS {'.'.join(map(str, needed))} or later "
                 f"for mps and this Mac runs macOS {machine.macos_text}; update macOS, or install "
                 f"{_older_torch_for(machine.macos_version)}")
+    answer = machine.mps_answer
+    if answer is not None and not answer.usable:
+        # torch's own verdict, from a child (docs/mps-facts.md: Detecting MPS): it sees what
+        # no version rule predicts, such as macOS 26 releases that torch does not take yet.
+        return (f"torch {machine.torch_version} cannot use mps on this Mac: {answer.detail} "
+                f"(checked {answer.checked_at}); {answer.fix}")
+    return None
+
+
+def virtual_machine_problem(machine: Machine) -> str | None:
+    """Why auto avoids mps in a macOS virtual machine, where torch says yes and allocations then
+    fail (docs/mps-facts.md: Where torch's own answer and the platform disagree)."""
+    if machine.is_mac and machine.virtual_machine:
+        return ("this Mac is a virtual machine (kern.hv_vmm_present=1), where mps is "
+                "paravirtualised and known to fail (GitHub's macOS runners are such machines); "
+                "--device mps tries it anyway")
     return None
 
 
@@ -276,6 +293,9 @@ def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ..
     if device == "cpu" and settings.num_processes > machine.cpu_count:
         return (f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
                 "expect them to be slower than fewer processes",)
+    if device == "mps" and machine.virtual_machine:
+        return ("mps in a macOS virtual machine is known to fail (allocations refused, results "
+                "that differ); --device auto plans cpu here",)
     return ()
 
 

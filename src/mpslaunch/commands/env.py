@@ -9,7 +9,8 @@ choose with it on this machine.
 "MPS works" is proven, not assumed: a separate Python process (this one never imports torch)
 allocates a small tensor on mps, multiplies it and synchronizes, within a time limit. The MPS
 line reads: not built (no MPS in this torch: every Linux and Windows build), built, unavailable
-(no usable Metal device, e.g. a sandbox or a CI runner), works, fails: <error>, or timed out.
+(with torch's reason), works, fails: <error>, or timed out. On a Mac the verdict, with the time
+it was taken, replaces the one `mpslaunch launch` keeps for this Python, torch and macOS build.
 The same process lists the CUDA devices torch sees, with their compute capability.
 """
 
@@ -21,7 +22,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 from typing import Any
 
 from mpslaunch import __version__
@@ -31,49 +31,11 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
+from mpslaunch.torch_check import CHECK_TIMEOUT_SECONDS, run_torch_check
 
-CHECK_TIMEOUT_SECONDS = 20.0
 ENV_PREFIXES = ("PYTORCH_", "MPSLAUNCH_", "ACCELERATE_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")  # never paste these into a public issue
-_MARK = "MPSLAUNCH-TORCH-CHECK "
-
-# Runs in the child Python. Prints one marked JSON line; torch's own warnings go elsewhere.
-TORCH_CHECK = r"""
-import json, sys
-facts = {}
-try:
-    import torch
-except Exception as error:
-    facts["torch_error"] = f"{type(error).__name__}: {error}"
-    print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
-    sys.exit(0)
-facts["torch"] = torch.__version__
-facts["torch_cuda"] = torch.version.cuda
-mps = getattr(torch.backends, "mps", None)
-facts["mps_built"] = bool(mps is not None and mps.is_built())
-facts["mps_available"] = bool(facts["mps_built"] and mps.is_available())
-if facts["mps_available"]:
-    try:
-        a = torch.full((64, 64), 1.0, device="mps")
-        total = (a @ a).sum()
-        torch.mps.synchronize()
-        value = total.item()
-        facts["mps_check"] = "works" if value == 64.0 ** 3 else f"fails: 64x64 matmul gave {value}, expected {64.0 ** 3}"
-    except Exception as error:
-        facts["mps_check"] = "fails: " + " ".join(f"{type(error).__name__}: {error}".split())[:300]
-devices = []
-try:
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(index)
-            devices.append({"name": p.name, "capability": f"{p.major}.{p.minor}",
-                            "memory_gib": round(p.total_memory / 2 ** 30, 1)})
-except Exception as error:
-    facts["cuda_error"] = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-facts["cuda_devices"] = devices
-print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
-"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +60,8 @@ def main(args: argparse.Namespace) -> int:
 def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file: str | None,
            profile_name: str | None, timeout: float = CHECK_TIMEOUT_SECONDS) -> dict[str, Any]:
     torch_facts = run_torch_check(machine.python, timeout) if machine.torch_version else {"torch_error": "not installed"}
+    if machine.torch_version:
+        machine = machine_probe.with_torch_facts(machine, torch_facts)  # cached on a Mac
     facts: dict[str, Any] = {
         "mpslaunch": __version__,
         "python": f"{platform.python_version()} ({platform.python_implementation()}) at {machine.python}",
@@ -107,33 +71,23 @@ def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file:
         facts["macos"] = machine.macos_text or "unknown"
         facts["chip"] = machine.chip or "unknown"
         facts["rosetta"] = machine.rosetta
+        facts["virtual_machine"] = machine.virtual_machine
+        facts["macos_build"] = machine.os_build or "unknown"
     facts["cpu_cores"] = machine.cpu_count
     facts["torch"] = torch_facts.get("torch") or machine.torch_version or "not installed"
     facts["torch_cuda_build"] = machine.torch_cuda or "none"
     facts["torchvision"] = installed_version("torchvision") or "not installed"
     facts["accelerate"] = installed_version("accelerate") or "not installed"
     facts["mps"] = mps_status(torch_facts, timeout)
+    if machine.is_mac:
+        facts["mps_verdict"] = (machine.mps_answer.describe() if machine.mps_answer
+                                else "none: torch is not installed" if not machine.torch_version
+                                else "none: the check gave no answer in time; nothing was kept")
     facts["cuda"] = cuda_status(torch_facts, machine)
     facts["nvidia_gpus_visible"] = list(machine.cuda_devices)
     facts["environment"] = relevant_environment(environ)
     facts.update(profile_facts(machine, environ, config_file, profile_name))
     return facts
-
-
-def run_torch_check(python: str, timeout: float, code: str = TORCH_CHECK) -> dict[str, Any]:
-    """Run the torch check in a child Python; its facts, or {"check_error": why it gave none}."""
-    try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"timed_out": True}
-    except OSError as error:
-        return {"check_error": f"cannot start {python}: {error.strerror}"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(_MARK):
-            return json.loads(line[len(_MARK):])
-    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"check_error": f"the check process exited with code {done.returncode}: {last[:300]}"}
 
 
 def installed_version(distribution: str) -> str | None:
@@ -153,7 +107,7 @@ def mps_status(facts: dict[str, Any], timeout: float) -> str:
     if not facts.get("mps_built"):
         return "not built"
     if not facts.get("mps_available"):
-        return "built, unavailable (no usable Metal device: a sandbox, VM or CI runner?)"
+        return "built, unavailable: " + facts.get("mps_reason", "torch gives no reason")
     return facts.get("mps_check", "fails: no result")
 
 
@@ -199,9 +153,11 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
 
 _LABELS = {
     "mpslaunch": "mpslaunch", "python": "Python", "platform": "Platform", "macos": "macOS",
-    "chip": "Chip", "rosetta": "Rosetta (x86_64 Python on Apple silicon)", "cpu_cores": "CPU cores",
+    "chip": "Chip", "rosetta": "Rosetta (x86_64 Python on Apple silicon)",
+    "virtual_machine": "Virtual machine", "macos_build": "macOS build", "cpu_cores": "CPU cores",
     "torch": "torch", "torch_cuda_build": "torch CUDA build", "torchvision": "torchvision",
-    "accelerate": "accelerate", "mps": "MPS", "cuda": "CUDA devices (torch)",
+    "accelerate": "accelerate", "mps": "MPS", "mps_verdict": "MPS verdict kept for launches",
+    "cuda": "CUDA devices (torch)",
     "nvidia_gpus_visible": "NVIDIA GPUs (driver)",
 }
 

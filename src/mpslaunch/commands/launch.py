@@ -3,7 +3,9 @@
 Parse the flags into a LaunchRequest, load the profile in force, probe the machine, resolve the
 plan, then print it (--dry-run) or run it. Everything after the script name belongs to the script,
 even arguments that look like launcher options. This module's imports stay light: the
-single-process path never imports torch.
+single-process path never imports torch. On a Mac, the first plan for mps with a given Python,
+torch and macOS build asks torch in a child whether mps works (`probe_for`); later ones read
+the cached verdict.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
+from mpslaunch.profile import Profile
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
+MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a while
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,9 +68,12 @@ def main(args: argparse.Namespace) -> int:
         raise MpslaunchError(f"--grace_period must be from 0 to {threading.TIMEOUT_MAX:.0f} "
                              f"seconds, not {args.grace_period}")
     profile, _ = profiles.load_active(args.config_file, args.profile)
-    plan = resolve(profile, request, machine_probe.probe(), os.environ)
+    machine = probe_for(profile, request, quiet=args.quiet)
+    plan = resolve(profile, request, machine, os.environ)
     if args.dry_run:
         print(describe(plan))
+        if machine.is_mac:
+            print(f"mps check:       {mps_check_text(machine)}")
         return 0
     for warning in plan.warnings:
         print(f"mpslaunch: warning: {warning}", file=sys.stderr)
@@ -91,6 +99,32 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         max_restarts=args.max_restarts,
         log_dir=args.log_dir,
     )
+
+
+def probe_for(profile: Profile, request: LaunchRequest, quiet: bool = False) -> Machine:
+    """The machine; on a Mac where the plan would be mps and torch was never asked about this
+    Python, torch and macOS build, with torch's verdict (asked once, then cached)."""
+    machine = machine_probe.probe()
+    if not machine.is_mac or machine.mps_answer is not None:
+        return machine
+    if resolve(profile, request, machine, os.environ).device != "mps":
+        return machine
+    if not quiet:
+        print("mpslaunch: checking once that torch can use mps with this Python, torch and macOS "
+              "(the answer is kept for later launches)", file=sys.stderr, flush=True)
+    machine = machine_probe.verify_mps(machine, MPS_CHECK_TIMEOUT_SECONDS)
+    if machine.mps_answer is None:
+        print(f"mpslaunch: warning: torch's mps check gave no answer within "
+              f"{MPS_CHECK_TIMEOUT_SECONDS:g} s; planning on the platform facts alone "
+              "(`mpslaunch env` checks again)", file=sys.stderr, flush=True)
+    return machine
+
+
+def mps_check_text(machine: Machine) -> str:
+    """The dry run's line about torch's verdict on mps."""
+    if machine.mps_answer is None:
+        return "not asked (only a plan for mps asks torch; `mpslaunch env` asks now)"
+    return f"{machine.mps_answer.describe()}; `mpslaunch env` checks again"
 
 
 def describe(plan: LaunchPlan) -> str:

@@ -71,11 +71,11 @@ def main(args: argparse.Namespace) -> int:
 
 def resolve_plan(args: argparse.Namespace, report_dir: str):
     """The plan `mpslaunch launch` would make for the check script, with what to expect."""
-    from mpslaunch import machine, profile
+    from mpslaunch import profile
+    from mpslaunch.commands.launch import probe_for
     from mpslaunch.plan import LaunchRequest, resolve
 
     settings, _ = profile.load_active(args.config_file, args.profile)
-    probed = machine.probe()
 
     def request(expectations: tuple[str, ...]) -> LaunchRequest:
         return LaunchRequest(
@@ -86,6 +86,7 @@ def resolve_plan(args: argparse.Namespace, report_dir: str):
 
     # Resolve once to learn the plan, then again with the plan's expectations as the script's
     # arguments; resolve is pure, so both give the same plan (the script's arguments aside).
+    probed = probe_for(settings, request(()))
     draft = resolve(settings, request(()), probed, os.environ)
     return resolve(settings, request(expectations(draft, args.timeout)), probed, os.environ)
 

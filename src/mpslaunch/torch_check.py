@@ -1,0 +1,187 @@
+"""torch's own answer about this machine, asked in a child Python, and the cached mps verdict.
+
+The launcher never imports torch (seconds, hundreds of MB); a separate Python does: is MPS built,
+available, and does a small matmul on mps come back right (docs/mps-facts.md: Detecting MPS).
+The verdict holds for one Python, one torch and one macOS build, so on a Mac it is cached per
+(executable, torch version, macOS build) in the user's cache folder; a damaged cache is ignored
+and rewritten. `mpslaunch env` always asks again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CHECK_TIMEOUT_SECONDS = 20.0
+CACHE_FILE = "mps-check.json"
+_CACHE_ENTRIES = 20  # one per torch or macOS update; old ones go first
+_MARK = "MPSLAUNCH-TORCH-CHECK "
+
+# Runs in the child Python. Prints one marked JSON line; torch's own warnings go elsewhere.
+TORCH_CHECK = r"""
+import json, sys
+facts = {}
+def said(error):
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
+try:
+    import torch
+except Exception as error:
+    facts["torch_error"] = said(error)
+    print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
+    sys.exit(0)
+facts["torch"] = torch.__version__
+facts["torch_cuda"] = torch.version.cuda
+mps = getattr(torch.backends, "mps", None)
+facts["mps_built"] = bool(mps is not None and mps.is_built())
+facts["mps_available"] = bool(facts["mps_built"] and mps.is_available())
+if facts["mps_built"] and not facts["mps_available"]:
+    try:  # torch's own reason is in the error of a first tensor
+        torch.zeros(1, device="mps")
+    except Exception as error:
+        facts["mps_reason"] = said(error)
+if facts["mps_available"]:
+    try:
+        a = torch.full((64, 64), 1.0, device="mps")
+        total = (a @ a).sum()
+        torch.mps.synchronize()
+        value = total.item()
+        facts["mps_check"] = "works" if value == 64.0 ** 3 else f"fails: 64x64 matmul gave {value}, expected {64.0 ** 3}"
+    except Exception as error:
+        facts["mps_check"] = "fails: " + said(error)
+devices = []
+try:
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(index)
+            devices.append({"name": p.name, "capability": f"{p.major}.{p.minor}",
+                            "memory_gib": round(p.total_memory / 2 ** 30, 1)})
+except Exception as error:
+    facts["cuda_error"] = said(error)
+facts["cuda_devices"] = devices
+print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
+"""
+
+
+def run_torch_check(python: str, timeout: float, code: str = TORCH_CHECK) -> dict:
+    """Run the torch check in a child Python; its facts, or {"check_error": why it gave none}."""
+    import json
+
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"timed_out": True}
+    except OSError as error:
+        return {"check_error": f"cannot start {python}: {error.strerror}"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"check_error": f"the check process exited with code {done.returncode}: {last[:300]}"}
+
+
+# ---------------------------------------------------------------- the verdict
+
+
+@dataclass(frozen=True)
+class MpsAnswer:
+    """Whether torch can train on mps here, in torch's words, and what to do if not."""
+
+    usable: bool
+    detail: str  # "works", or why not (torch's own message where it gave one)
+    fix: str  # what to do when not usable; "" when usable
+    checked_at: str  # local time of the check, "2026-03-19 14:02"
+
+    def describe(self) -> str:
+        verdict = "works" if self.usable else f"not usable: {self.detail}"
+        return f"{verdict} (checked {self.checked_at})"
+
+
+_UPDATE_TORCH = "update torch (pip install -U torch), then run `mpslaunch env` to check again"
+
+
+def mps_answer(facts: dict, checked_at: str | None = None) -> MpsAnswer | None:
+    """The verdict in a torch check's facts; None when the check gave none (it timed out)."""
+    if facts.get("timed_out"):
+        return None
+    detail, fix = _why_not(facts)
+    return MpsAnswer(usable=detail is None, detail=detail or "works", fix=fix,
+                     checked_at=checked_at or time.strftime("%Y-%m-%d %H:%M"))
+
+
+def _why_not(facts: dict) -> tuple[str | None, str]:
+    if "check_error" in facts:
+        return (f"the check failed: {facts['check_error']}",
+                "run `mpslaunch env` and report its output")
+    if "torch_error" in facts:
+        return (f"torch cannot be imported ({facts['torch_error']})",
+                "reinstall torch for this Python (pip install --force-reinstall torch)")
+    if not facts.get("mps_built"):
+        return ("this torch build has no mps",
+                "install the macOS arm64 torch from PyPI (pip install --force-reinstall torch)")
+    if not facts.get("mps_available"):
+        said = facts.get("mps_reason", "no reason given")
+        return f"torch.backends.mps.is_available() is False ({said})", _UPDATE_TORCH
+    check = facts.get("mps_check", "fails: no result")
+    if check != "works":
+        return (f"a 64x64 matmul on mps {check}",
+                f"{_UPDATE_TORCH}; in a virtual machine or a sandbox mps cannot work")
+    return None, ""
+
+
+# ---------------------------------------------------------------- the cache
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("MPSLAUNCH_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs  # only on a Mac with torch: Linux launches never read the cache
+
+    return Path(platformdirs.user_cache_dir("mpslaunch", appauthor=False))
+
+
+def cache_key(python: str, torch_version: str, os_build: str) -> str:
+    return f"{python} | torch {torch_version} | build {os_build}"
+
+
+def read_cached(key: str) -> MpsAnswer | None:
+    """The cached verdict for this key; None when there is none or the file is damaged."""
+    found = _read_entries().get(key)
+    try:
+        return MpsAnswer(**found) if isinstance(found, dict) else None
+    except TypeError:
+        return None  # an entry of another shape: checked again, then rewritten
+
+
+def save(key: str, answer: MpsAnswer) -> None:
+    """Add the verdict to the cache; a cache that cannot be written only costs a check later."""
+    import json
+
+    entries = {name: value for name, value in _read_entries().items() if name != key}
+    entries[key] = asdict(answer)
+    kept = dict(list(entries.items())[-_CACHE_ENTRIES:])
+    folder = cache_dir()
+    partial = folder / f".{CACHE_FILE}.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+        os.replace(partial, folder / CACHE_FILE)  # readers see the old file or the new one
+    except OSError:
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def _read_entries() -> dict:
+    import json
+
+    try:
+        entries = json.loads((cache_dir() / CACHE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}

@@ -1,0 +1,118 @@
+"""The CLI on a described Mac: the launcher's platform probe is told it runs macOS (os.uname and
+sysctl's answers), everything else is real: the torch check runs in a real child (this torch
+has no mps, as no Linux wheel has), the verdict goes to a real cache file, the script really runs.
+Linux itself: nothing is asked and nothing is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli, write_script
+from mpslaunch import torch_check
+from mpslaunch.machine import probe
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux")
+
+# Runs the CLI with the platform facts of a Mac; argv[1] is sysctl's answers as JSON.
+ON_A_MAC = """
+import json, os, sys
+from mpslaunch import cli, machine
+sysctls = json.loads(sys.argv[1])
+os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
+machine._mac_sysctls = lambda: sysctls
+sys.exit(cli.main(sys.argv[2:]))
+"""
+BUILD = "25D125"
+
+
+def on_a_mac(*args: str, vm: bool = False) -> subprocess.CompletedProcess:
+    sysctls = {"kern.osproductversion": "26.3", "kern.osversion": BUILD,
+               "machdep.cpu.brand_string": "Apple M2 Max", "kern.hv_vmm_present": "1" if vm else "0"}
+    return subprocess.run([sys.executable, "-c", ON_A_MAC, json.dumps(sysctls), *args],
+                          capture_output=True, text=True, timeout=180, env=os.environ.copy())
+
+
+def cache_file(folder):
+    return folder / torch_check.CACHE_FILE
+
+
+def keep(folder, answer: torch_check.MpsAnswer) -> None:
+    key = torch_check.cache_key(sys.executable, probe().torch_version, BUILD)
+    cache_file(folder).write_text(json.dumps({key: answer.__dict__}))
+
+
+def test_the_first_launch_asks_torch_later_ones_read_the_kept_answer(tmp_path, isolated_cache_dir):
+    script = write_script(tmp_path, "train.py", "print('ran')\n")
+    cache_file(isolated_cache_dir).write_text('{"half a cache": ')  # damaged: ignored, rewritten
+    first = on_a_mac("launch", "--dry-run", str(script))
+    assert first.returncode == 0, first.stderr
+    assert "checking once that torch can use mps" in first.stderr
+    assert "device:          cpu" in first.stdout
+    assert "reason:          cpu: torch " in first.stdout and "cannot use mps on this Mac: this torch build has no mps (checked " in first.stdout
+    assert "mps check:       not usable: this torch build has no mps (checked " in first.stdout
+    kept = json.loads(cache_file(isolated_cache_dir).read_text())
+    assert [key.endswith(f"| build {BUILD}") and key.startswith(sys.executable) for key in kept] == [True]
+
+    second = on_a_mac("launch", "--dry-run", str(script))
+    assert "checking" not in second.stderr and second.stdout == first.stdout
+
+    (entry,) = kept.values()
+    cache_file(isolated_cache_dir).write_text(json.dumps(
+        {key: {**entry, "detail": "what the cache says"} for key in kept}))
+    third = on_a_mac("launch", "--dry-run", str(script))
+    assert "cannot use mps on this Mac: what the cache says" in third.stdout
+
+
+def test_device_mps_is_refused_with_torchs_reason(tmp_path, isolated_cache_dir):
+    script = write_script(tmp_path, "train.py", "print('ran')\n")
+    keep(isolated_cache_dir, torch_check.MpsAnswer(
+        False, "torch.backends.mps.is_available() is False (RuntimeError: The MPS backend is "
+        "supported on macOS 14.0+)", "update torch (pip install -U torch)", "2026-03-19 14:02"))
+    refused = on_a_mac("launch", "--device", "mps", str(script))
+    assert refused.returncode == 2 and refused.stdout == "" and "Traceback" not in refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("mpslaunch: error: --device mps asks for mps, but torch ")
+    assert "supported on macOS 14.0+)" in line and "(checked 2026-03-19 14:02)" in line
+    assert "pip install -U torch" in line
+
+
+def test_a_virtual_machine_plans_cpu_and_runs_mps_with_one_warning(tmp_path, isolated_cache_dir):
+    script = write_script(tmp_path, "train.py", "import os; print(os.environ['MPSLAUNCH_DEVICE'])\n")
+    planned = on_a_mac("launch", "--dry-run", str(script), vm=True)
+    assert "device:          cpu" in planned.stdout and "this Mac is a virtual machine" in planned.stdout
+    assert "checking" not in planned.stderr  # a cpu plan needs no verdict
+    assert "mps check:       not asked" in planned.stdout
+
+    keep(isolated_cache_dir, torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02"))
+    ran = on_a_mac("launch", "--device", "mps", str(script), vm=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "mps\n"
+    warning, summary = ran.stderr.strip().splitlines()
+    assert warning.startswith("mpslaunch: warning: mps in a macOS virtual machine is known to fail")
+    assert summary.startswith("mpslaunch: mps: Apple M2 Max, macOS 26.3")
+
+
+def test_env_asks_again_and_replaces_the_kept_answer(isolated_cache_dir):
+    keep(isolated_cache_dir, torch_check.MpsAnswer(True, "works", "", "2000-01-01 00:00"))
+    report = on_a_mac("env", "--json")
+    assert report.returncode == 0, report.stderr
+    facts = json.loads(report.stdout)
+    assert (facts["macos"], facts["macos_build"], facts["virtual_machine"]) == ("26.3", BUILD, False)
+    assert facts["mps_verdict"].startswith("not usable: this torch build has no mps (checked ")
+    assert "2000-01-01" not in facts["mps_verdict"]
+    assert facts["launcher_choice"].startswith("cpu: torch ")
+    (entry,) = json.loads(cache_file(isolated_cache_dir).read_text()).values()
+    assert entry["usable"] is False and entry["checked_at"] != "2000-01-01 00:00"
+
+
+def test_on_linux_nothing_is_asked_or_kept(tmp_path, isolated_cache_dir):
+    script = write_script(tmp_path, "train.py", "print('ran')\n")
+    planned = run_cli("launch", "--dry-run", str(script))
+    assert planned.returncode == 0 and "mps check" not in planned.stdout and planned.stderr == ""
+    assert run_cli("env").returncode == 0
+    assert list(isolated_cache_dir.iterdir()) == []
