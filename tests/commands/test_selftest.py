@@ -59,6 +59,17 @@ def test_a_check_that_fails_says_what_to_change_and_exits_1():
     assert done.stdout.splitlines()[-1] == "mpslaunch test: 2 of 3 checks passed."
 
 
+def test_json_gives_the_plan_and_every_check_with_its_fix():
+    done = run_cli("test", "--cpu", "--json", env={"ACCELERATE_TORCH_DEVICE": "meta"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["plan"].startswith("mpslaunch: cpu") and report["device"] == "cpu"
+    assert report["passed"] is False and report["processes"] == 1
+    device = next(check for check in report["checks"] if check["name"] == "device")
+    assert device["ok"] is False and "unset ACCELERATE_TORCH_DEVICE=meta" in device["fix"]
+    assert [check["name"] for check in report["checks"]] == ["device", "train step", "mixed precision"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--cpu", "--mixed_precision", "fp16"], "fp16 mixed precision does not run on cpu"),
     (["--device", "mps"], "asks for mps, but mps needs a Mac"),

@@ -10,13 +10,15 @@ Resolves the plan exactly as `mpslaunch launch` does (the profile in force, or -
   mps fallback     on mps: the CPU fallback is set as planned (PYTORCH_ENABLE_MPS_FALLBACK)
   all-reduce       with several processes: an all-reduce across the ranks is correct
 
-Each failure says what to change. Exit code: 0 when every check passed on every rank, 1 when a
-check failed, 2 when the plan itself is impossible here (the same one-line error as `launch`).
+Each failure says what to change. --json prints the plan and the checks as JSON instead (to
+paste into a bug report). Exit code: 0 when every check passed on every rank, 1 when a check
+failed, 2 when the plan itself is impossible here (the same one-line error as `launch`).
 
 Examples:
   mpslaunch test
   mpslaunch test --profile cpu4
   mpslaunch test --cpu --num_processes 2
+  mpslaunch test --json
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
@@ -50,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     option("--num_processes", type=int, metavar="N", help="processes on this machine")
     option("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
            help="a rank that takes longer fails (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print the plan and the checks as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -61,12 +64,13 @@ def main(args: argparse.Namespace) -> int:
         plan = resolve_plan(args, report_dir)
         for warning in plan.warnings:
             print(f"mpslaunch: warning: {warning}", file=sys.stderr)
-        print(plan.summary(), flush=True)
+        print(plan.summary(), file=sys.stderr if args.json else sys.stdout, flush=True)
         # The child's code is not the verdict: the reports are (a crash leaves none).
         child_code = launch.execute(plan, grace_seconds=5.0)
         outcomes = collect(Path(report_dir), plan.num_processes, child_code)
-    print(format_outcomes(outcomes))
-    return 0 if outcomes and all(o.ok for o in outcomes) else EXIT_FAILED
+    passed = bool(outcomes) and all(o.ok for o in outcomes)
+    print(as_json(plan, outcomes, passed) if args.json else format_outcomes(outcomes))
+    return 0 if passed else EXIT_FAILED
 
 
 def resolve_plan(args: argparse.Namespace, report_dir: str):
@@ -161,6 +165,12 @@ def _merge_checks(reports: list[dict]) -> list[Outcome]:
 def _passed_detail(results: list[tuple[int, dict]]) -> str:
     detail = results[0][1]["detail"]
     return detail if len(results) == 1 else f"{detail} (all {len(results)} ranks)"
+
+
+def as_json(plan, outcomes: list[Outcome], passed: bool) -> str:
+    return json.dumps({"plan": plan.summary(), "device": plan.device,
+                       "mixed_precision": plan.mixed_precision, "processes": plan.world_size,
+                       "passed": passed, "checks": [asdict(o) for o in outcomes]}, indent=2)
 
 
 def format_outcomes(outcomes: list[Outcome]) -> str:
