@@ -60,6 +60,15 @@ def test_device_mps_in_a_virtual_machine_runs_with_one_warning():
     assert len(plan.warnings) == 1 and "virtual machine is known to fail" in plan.warnings[0]
 
 
+@pytest.mark.parametrize("usable", [True, False])
+def test_auto_in_a_virtual_machine_gives_the_vm_reason_whatever_torch_said(usable):
+    # A tiny check can pass in a VM where training then fails (actions/runner-images#11899).
+    vm = replace(MACHINES["mac_vm"], mps_answer=MpsAnswer(usable, "works" if usable else "a 64x64 "
+                 "matmul on mps fails: RuntimeError: MPS backend out of memory", "", "now"))
+    plan = resolve(Profile(), LaunchRequest("train.py"), vm, {})
+    assert plan.device == "cpu" and "this Mac is a virtual machine" in plan.reason
+
+
 def test_torch_saying_no_in_a_virtual_machine_is_refused_too():
     vm = replace(MACHINES["mac_vm"], mps_answer=MpsAnswer(
         False, "a 64x64 matmul on mps fails: RuntimeError: MPS backend out of memory", "fix", "now"))

@@ -148,7 +148,9 @@ def choose_device(wanted: str, request: LaunchRequest, machine: Machine) -> tupl
             raise MpslaunchError(f"{source} asks for {wanted}, but {problem}; "
                                  "use --device auto to pick what this machine has, or --cpu")
         return wanted, _describe(wanted, machine)
-    mps_auto_problem = mps_problem(machine) or virtual_machine_problem(machine)
+    # In a VM, say so before torch's verdict: a small check can pass there and training fail.
+    mps_auto_problem = (platform_mps_problem(machine) or virtual_machine_problem(machine)
+                        or torch_mps_problem(machine))
     for device, problem in (("mps", mps_auto_problem), ("cuda", cuda_problem(machine))):
         if problem is None:
             return device, _describe(device, machine)
@@ -168,6 +170,11 @@ def mps_minimum_macos(torch_version: str) -> tuple[int, ...]:
 
 def mps_problem(machine: Machine) -> str | None:
     """Why mps cannot be used here, or None when it can."""
+    return platform_mps_problem(machine) or torch_mps_problem(machine)
+
+
+def platform_mps_problem(machine: Machine) -> str | None:
+    """Why the platform facts alone rule mps out, or None."""
     if not machine.is_mac:
         return f"mps needs a Mac with Apple silicon and this is {machine.system} {machine.arch}"
     if machine.rosetta:
@@ -185,10 +192,14 @@ def mps_problem(machine: Machine) -> str | None:
         return (f"torch {machine.torch_version} needs macOS {'.'.join(map(str, needed))} or later "
                 f"for mps and this Mac runs macOS {machine.macos_text}; update macOS, or install "
                 f"{_older_torch_for(machine.macos_version)}")
+    return None
+
+
+def torch_mps_problem(machine: Machine) -> str | None:
+    """torch's own verdict, from a child (docs/mps-facts.md: Detecting MPS): it sees what no
+    version rule predicts, such as a macOS 26 release that torch does not take yet."""
     answer = machine.mps_answer
-    if answer is not None and not answer.usable:
-        # torch's own verdict, from a child (docs/mps-facts.md: Detecting MPS): it sees what
-        # no version rule predicts, such as macOS 26 releases that torch does not take yet.
+    if machine.is_mac and answer is not None and not answer.usable:
         return (f"torch {machine.torch_version} cannot use mps on this Mac: {answer.detail} "
                 f"(checked {answer.checked_at}); {answer.fix}")
     return None
