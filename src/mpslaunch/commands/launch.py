@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     option("--cpu", action="store_true", help="run on the CPU whatever the machine has")
     plan.add_argument("--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
     option("--mixed_precision", choices=profiles.PRECISIONS, help="no, fp16 or bf16")
-    option("--num_processes", type=int, metavar="N", help="processes on this machine (cpu or cuda)")
+    option("--num_processes", type=int, metavar="N", help="processes on this machine (default: one per NVIDIA GPU, else 1)")
     multi = parser.add_argument_group("several machines (through torch.distributed.run)")
     for name, kind, text in (
         ("--num_machines", int, "how many machines take part"),
