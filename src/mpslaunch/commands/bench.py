@@ -1,27 +1,6 @@
-"""`mpslaunch bench`: is the accelerator actually faster than the CPU, at my sizes?
-
-Measures, in this process, on cpu and every accelerator present (mps, cuda):
-  matvec  B @ a, B an m x m matrix          (--sizes, default 256 ... 8192)
-  matmul  B @ A, both m x m                 (--sizes)
-  train   one step of a small CNN           (--batch-sizes, default 32, 128, 512)
-in float32 by default (--dtype float32,bfloat16,float16).
-
-Timing is the point: warm-up calls, the device synchronized before the clock starts and before
-it stops, enough ops per sample to dwarf that overhead, several samples, median and IQR
-(see bench_timing.py). Memory is freed between sizes; a size that does not fit is reported
-as "does not fit" and the sweep goes on.
-
-Prints a table (time per op, IQR as % of the median, GFLOP/s, speedup over cpu) and, per
-workload, the crossover size below which the CPU wins. `--out DIR` writes DIR/bench.csv and
-DIR/bench.png; `--json` prints the results as JSON on stdout instead of the table. A progress
-bar runs on stderr when it is a terminal. Ctrl-C stops early and reports what was measured.
-
-Examples:
-  mpslaunch bench
-  mpslaunch bench --workload matmul --dtype float32,bfloat16 --sizes 1024,4096,16384 --out out/
-  mpslaunch bench --cpu --sizes 16,32,64 --workload matvec --json
-
-Torch is imported only when the command runs, so the CLI stays fast to start.
+"""`mpslaunch bench`: every option is checked before the first measurement (bad input fails in
+a second), then each (workload, dtype, size, device) point is measured in this process and
+reported. torch is imported only once the command runs.
 """
 
 from __future__ import annotations
@@ -31,54 +10,56 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpslaunch.commands.options import add_option
 from mpslaunch.errors import MpslaunchError
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_BATCH_SIZES = (32, 128, 512)
 WORKLOADS = ("matvec", "matmul", "train")
 EXIT_INTERRUPTED = 130
+HELP = """\
+Measure whether the accelerator (mps or cuda) is faster than the CPU at your sizes:
+a matrix-vector product, a matrix product and one training step of a small CNN, on
+cpu and every accelerator present. The table gives the time per op, its spread
+(IQR, as a share of the median), GFLOP/s and the speedup over cpu; then, for each
+workload, the size from which the accelerator wins. A point whose IQR is above half
+its median is marked unreliable. Ctrl-C stops and reports what was measured.
+
+examples:
+  mpslaunch bench
+  mpslaunch bench --workload matmul --dtype float32,bfloat16 --out results/
+  mpslaunch bench --cpu --sizes 256,1024 --workload matvec --json
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--workload", default="matvec,matmul,train", metavar="LIST",
-        help="comma-separated workloads: matvec, matmul, train, or all (default: all)",
-    )
-    parser.add_argument(
-        "--sizes", default=",".join(map(str, DEFAULT_SIZES)), metavar="LIST",
-        help="matrix sizes m for matvec and matmul (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), metavar="LIST",
-        help="batch sizes for the train workload (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--dtype", default="float32", metavar="LIST",
-        help="comma-separated dtypes: float32, bfloat16, float16 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--devices", default=None, metavar="LIST",
-        help="comma-separated devices among cpu, mps, cuda (default: cpu and every "
-        "accelerator present)",
-    )
-    parser.add_argument("--cpu", action="store_true", help="measure the cpu only")
-    parser.add_argument(
-        "--repeats", type=int, default=7, metavar="N",
-        help="timed samples per measurement (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=2, metavar="N",
-        help="untimed calls before timing (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--budget", type=float, default=5.0, metavar="SECONDS",
-        help="time cap for the samples of one slow measurement; at least 3 samples are "
-        "always taken (default: %(default)s)",
-    )
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="write DIR/bench.csv and DIR/bench.png")
-    parser.add_argument("--json", action="store_true",
-                        help="print results as JSON on stdout instead of the table")
+    what = parser.add_argument_group("what to measure")
+    add_option(what, "--workload", default="all", metavar="LIST",
+               help=f"comma-separated workloads among {', '.join(WORKLOADS)}, or all "
+               "(default: %(default)s)")
+    add_option(what, "--sizes", default=",".join(map(str, DEFAULT_SIZES)), metavar="LIST",
+               help="matrix sizes m for matvec and matmul (default: %(default)s)")
+    add_option(what, "--batch_sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+               metavar="LIST", help="batch sizes for train (default: %(default)s)")
+    add_option(what, "--dtype", default="float32", metavar="LIST",
+               help="comma-separated dtypes among float32, bfloat16, float16 "
+               "(default: %(default)s)")
+    where = parser.add_argument_group("where to measure (default: cpu and every accelerator present)")
+    add_option(where, "--devices", metavar="LIST", help="comma-separated devices among cpu, mps, cuda")
+    add_option(where, "--cpu", action="store_true", help="measure the cpu only")
+    timing = parser.add_argument_group("how long")
+    add_option(timing, "--repeats", type=int, default=7, metavar="N",
+               help="timed samples per point (default: %(default)s)")
+    add_option(timing, "--warmup", type=int, default=2, metavar="N",
+               help="untimed calls before the samples (default: %(default)s)")
+    add_option(timing, "--budget", type=float, default=5.0, metavar="SECONDS",
+               help="time for the samples of one slow point; at least 3 samples are always "
+               "taken (default: %(default)g)")
+    output = parser.add_argument_group("output (default: a table on stdout)")
+    add_option(output, "--out", type=Path, metavar="DIR",
+               help="also write DIR/bench.csv and DIR/bench.png")
+    add_option(output, "--json", action="store_true",
+               help="print the results as JSON instead of the table")
 
 
 @dataclass(frozen=True)

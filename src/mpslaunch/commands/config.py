@@ -1,22 +1,7 @@
-"""Write a profile: the settings `mpslaunch launch` uses when no flag overrides them.
+"""`mpslaunch config`: write a profile (questions or --default), or show the one in force.
 
-  mpslaunch config                    ask a few questions about what applies to this machine
-  mpslaunch config --default          write the default profile, no questions (alias: --yes)
-  mpslaunch config show               print the profile in force, its path, and what it
-                                      resolves to on this machine
-  --profile NAME / --config_file PATH choose which profile (default: default.yaml in the
-                                      config folder, $MPSLAUNCH_CONFIG_DIR if set)
-
-The questions offer only what `mpslaunch launch` accepts on this machine (devices it has,
-precisions this Mac or GPU and torch can run, several processes only off mps) and say why
-anything is left out. The default profile says `device: auto`, which picks mps on Apple silicon,
-then cuda, then cpu; `config show` prints what auto becomes here.
-
-The questions need a terminal: with stdin not a terminal (CI, a pipe) `mpslaunch config` stops
-at once and asks for --default. Ctrl-C during the questions exits 130; end of input (Ctrl-D at
-a typed answer, or closed input) exits 2. Either way nothing is written and an existing profile
-stays as it was, byte for byte. The profile is
-written atomically (temp file, fsync, rename).
+Interrupted questions write nothing (exit 130 for Ctrl-C, 2 for end of input); a profile is
+only ever replaced whole, atomically (profile.save).
 """
 
 from __future__ import annotations
@@ -34,17 +19,35 @@ from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
 
+HELP = """\
+Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
+
+With no options it asks a few questions and offers only what this machine can run,
+saying why anything is left out. --default writes the default profile without
+questions: device auto, which picks mps on Apple silicon, then cuda, then cpu.
+`config show` prints the profile in force, where it is, and what it means here.
+
+Profiles live in the config folder ($MPSLAUNCH_CONFIG_DIR when set): default.yaml,
+which `launch` reads unless told otherwise, and NAME.yaml for --profile NAME.
+Ctrl-C during the questions writes nothing.
+
+examples:
+  mpslaunch config                   answer the questions, write default.yaml
+  mpslaunch config --profile cpu4    write a second profile, cpu4.yaml
+  mpslaunch config show              print the profile in force
+"""
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_END_OF_INPUT = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=("show",),
-                        help="show: print the profile in force instead of writing one")
+    parser.add_argument("action", nargs="?", choices=("show",), metavar="show",
+                        help="print the profile in force instead of writing one")
     parser.add_argument("--default", "--yes", "-y", dest="default", action="store_true",
-                        help="write the default profile without asking (device auto)")
-    add_profile_options(parser, profile_help="named profile in the config folder",
-                        file_help="profile file to write or show")
+                        help="write the default profile without asking questions")
+    which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
+    add_profile_options(which, profile_help="the profile NAME.yaml in the config folder",
+                        file_help="a profile file anywhere")
 
 
 def main(args: argparse.Namespace) -> int:
