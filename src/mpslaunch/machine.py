@@ -1,9 +1,8 @@
 """What this computer is: platform facts probed with the standard library only.
 
-The launcher does not import torch on the single-process path (it costs ~2 s and ~600 MB and
-the child imports it anyway), so every fact here comes from the platform module, sysctl on
-macOS, files under /proc and /dev on Linux, and torch's installed metadata read as text.
-Tests build `Machine` values by hand to describe computers we do not own.
+The launcher does not import torch on the one-process path (the child imports it anyway), so
+facts come from os.uname, sysctl on macOS, /proc and /dev on Linux, and torch's version.py read
+as text. Tests build `Machine` values by hand to describe computers we do not own.
 """
 
 from __future__ import annotations
@@ -83,10 +82,8 @@ def _sysctl(name: str) -> str | None:
 
 
 def _torch_build_facts() -> dict[str, str]:
-    """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds.
-
-    (importlib.metadata would also do for the version, but costs ~20 ms on every launch.)
-    """
+    """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds
+    (and importlib.metadata, an import of its own on every launch)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {}

@@ -1,10 +1,8 @@
 """The rules: `resolve(profile, request, machine, environ) -> LaunchPlan`, a pure function.
 
-Everything mpslaunch decides lives here: precedence (flag > profile > auto-detection), the device
-choice, mixed-precision checks, the multi-process rules and the child's environment. It reads no
-files and starts nothing, so tests can describe any machine (an M1 on macOS 13, a Rosetta Python,
-Linux with 8 GPUs) and check the plan. Every refusal is an MpslaunchError whose message says what
-to do. The facts behind each rule are in shared/MPS-FACTS.md; the comment beside a rule cites it.
+Precedence, the device choice, the precision and process checks and the child's environment all
+live here; it reads no files and starts nothing, so tests can describe any machine. Each refusal
+is an MpslaunchError that says what to do; each rule cites its fact in docs/mps-facts.md.
 """
 
 from __future__ import annotations

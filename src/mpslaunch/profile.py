@@ -1,12 +1,8 @@
-"""Profiles: what the user wants, as plain data, loaded from and saved to YAML.
+"""Profiles: what the user wants, as plain data, read from and written to YAML.
 
-A profile knows nothing about the machine. Files are read with `yaml.safe_load` semantics only
-(no object construction), checked key by key (unknown keys, wrong types and out-of-range values
-are errors that name the key, the file and the line), and written atomically so an interrupted
-write never loses the old profile.
-
-Where profiles live: `--config_file PATH`, else `$MPSLAUNCH_CONFIG_DIR`, else the platform's user
-config folder; `default.yaml` there, plus `NAME.yaml` for `--profile NAME`.
+A profile knows nothing about the machine. Files are parsed as data only (no object is ever
+constructed), checked key by key with the file and line in every message, and written
+atomically, so an interrupted write never loses the old profile.
 """
 
 from __future__ import annotations
@@ -300,7 +296,8 @@ def config_dir() -> Path:
 
 
 def profile_path(config_file: str | None = None, profile_name: str | None = None) -> Path:
-    """Where the profile the user means lives (whether or not it exists yet)."""
+    """Where the profile the user means lives (whether or not it exists yet): --config_file PATH,
+    else NAME.yaml (default.yaml) in the config folder."""
     if config_file and profile_name:
         raise MpslaunchError("give either --config_file or --profile, not both")
     if config_file:

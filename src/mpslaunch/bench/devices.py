@@ -1,11 +1,7 @@
-"""Which devices and dtypes `mpslaunch bench` may measure, and the per-device chores around timing.
+"""Which devices and dtypes `mpslaunch bench` may measure, and the per-device chores around
+timing: synchronizing, freeing the cache between sizes, free memory, recognising out of memory.
 
-Everything here is device-specific so the rest of the benchmark is not: detecting what is
-present, refusing what cannot run (one-line MpslaunchError), synchronizing an asynchronous
-device, freeing its cache between sizes, how much memory is free, and recognising an
-out-of-memory error from any backend.
-
-Imports torch: only `bench.main` imports this module, never the CLI parser.
+Imports torch: only the bench command's run imports this module, never the CLI parser.
 """
 
 from __future__ import annotations

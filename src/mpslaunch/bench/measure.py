@@ -1,10 +1,8 @@
 """One benchmark point, made safe: memory check, allocation, timing, clean-up.
 
-A size that cannot fit is reported as "does not fit" instead of crashing the sweep: first by
-comparing the bytes the inputs need with the memory the device reports free (so a huge cpu
-size never wakes the kernel's OOM killer), then by catching the backend's out-of-memory error.
-Any other runtime error of the op (e.g. a dtype an older torch has no kernel for) is reported
-as "failed" with its first line. Device memory is freed after every point.
+A size that cannot fit is "does not fit" (from the free memory first, so a huge cpu size never
+wakes the OOM killer; then from the backend's out-of-memory error); any other error of the op
+is "failed" with its first line. Device memory is freed after every point.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Turning measurements into answers: the terminal table, crossovers, bench.csv, bench.png, JSON.
+"""Turning measurements into answers: the table, crossovers, bench.csv, bench.png, JSON.
 
-One Result per (workload, dtype, device, size). Derived numbers:
-- GFLOP/s = FLOPs of one op / median seconds per op.
-- speedup = cpu median / accelerator median at the same workload, dtype and size (>1: the
-  accelerator is faster). Empty for cpu rows and where either side did not run.
-- crossover, per workload, dtype and accelerator: the smallest measured size from which the
-  accelerator is faster at every larger measured size too; below it the cpu wins.
-
-Does not import torch; matplotlib is imported only when a plot is written (Agg backend, no
-display needed).
+speedup = cpu median / accelerator median at the same point; the crossover is the smallest size
+from which the accelerator wins at every larger size too. No torch; matplotlib only for the plot.
 """
 
 from __future__ import annotations

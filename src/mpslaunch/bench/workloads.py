@@ -1,16 +1,8 @@
-"""What `mpslaunch bench` measures: one op per workload, built for a device, dtype and size.
+"""What `mpslaunch bench` measures: matvec (B @ a, memory bound), matmul (B @ A, compute bound)
+and train (one step of a small CNN on 3x32x32 images; the size is the batch size).
 
-- matvec: `B @ a` with B an m x m matrix and a an m-vector (the classic blog measurement;
-  memory bound: it reads every element of B once). 2*m^2 FLOPs.
-- matmul: `B @ A` with both m x m. Compute bound for large m. 2*m^3 FLOPs.
-- train: one training step (zero_grad, forward, cross-entropy, backward, SGD step) of a small
-  CNN on a batch of 3x32x32 images; the size is the batch size. FLOPs counted by
-  torch.utils.flop_counter for forward + backward (the optimizer step is negligible). float16
-  and bfloat16 run the forward under torch.autocast, as mixed-precision training does; no
-  GradScaler, as only the time is of interest.
-
-`prepare` allocates the inputs on the device and returns the op as a closure; dropping the
-returned Prepared frees them. `bytes_needed` is a lower bound used to skip sizes that cannot fit.
+`prepare` allocates the inputs on the device and returns the op as a closure; float16 and
+bfloat16 train under torch.autocast, as mixed-precision training does.
 """
 
 from __future__ import annotations
@@ -90,7 +82,7 @@ def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Prepa
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images = torch.randn(size, *IMAGE_SHAPE, device=device)
     labels = torch.randint(0, NUM_CLASSES, (size,), device=device)
-    autocast = dtype != torch.float32
+    autocast = dtype != torch.float32  # no GradScaler: only the time of a step matters here
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

@@ -1,17 +1,8 @@
 """The questions `mpslaunch config` asks: (Machine, the user's answers) -> Profile. Nothing else.
 
-What is offered comes from plan.py's own rules, never from a copy of them: devices through
-`mps_problem`/`cuda_problem`, precisions through `precision_problem`, and process or machine
-counts by asking `plan.resolve` whether it would accept them. So the questionnaire never offers
-what `mpslaunch launch` would refuse on this machine, and what it leaves out is named with
-plan.py's reason. Questions that cannot apply are not asked: no process count on mps (one
-process only), no MPS settings off a Mac, the several-machine questions only after the user
-says yes to "several machines?".
-
-The prompts use questionary, imported inside `ask_profile` only. They read and draw through the
-current prompt_toolkit app session, so tests drive them with `create_pipe_input` and
-`create_app_session`. Ctrl-C raises KeyboardInterrupt and end of input raises EOFError; this
-module writes nothing, the caller decides what an interruption means.
+Every offer comes from plan.py's own rules (never a copy), so nothing `launch` would refuse here
+is offered, and what is left out is named with plan.py's reason. questionary is imported only
+when asking; tests drive it through prompt_toolkit's pipe input. Writes nothing.
 """
 
 from __future__ import annotations
