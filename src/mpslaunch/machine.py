@@ -34,10 +34,6 @@ class Machine:
         return self.system == "Darwin"
 
     @property
-    def is_apple_silicon(self) -> bool:
-        return self.is_mac and (self.arch == "arm64" or self.rosetta)
-
-    @property
     def macos_text(self) -> str:
         return ".".join(map(str, self.macos_version or ()))
 
@@ -52,7 +48,7 @@ def probe() -> Machine:
         arch=arch,
         macos_version=_macos_version() if is_mac else None,
         rosetta=is_mac and _sysctl("sysctl.proc_translated") == "1",
-        chip=_sysctl("machdep.cpu.brand_string") if is_mac else None,
+        chip=cpu_brand() if is_mac else None,
         torch_version=torch_facts.get("__version__"),
         torch_cuda=torch_facts.get("cuda"),
         cuda_devices=() if is_mac else visible_nvidia_gpus(),
@@ -65,6 +61,38 @@ def version_tuple(text: str | None) -> tuple[int, ...]:
     """'2.14.1+cu130' -> (2, 14, 1); leading numeric parts only."""
     numbers = re.match(r"[\d.]*", text or "").group(0)
     return tuple(int(part) for part in numbers.split(".") if part)
+
+
+def cpu_brand() -> str | None:
+    """The processor's name: "Apple M2 Pro" on a Mac, /proc/cpuinfo's model name on Linux."""
+    if os.uname().sysname == "Darwin":
+        return _sysctl("machdep.cpu.brand_string")
+    return _proc_field("/proc/cpuinfo", "model name")
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can use: MemAvailable on Linux (it counts reclaimable page cache),
+    the physical memory elsewhere; None when unknown."""
+    kib = _proc_field("/proc/meminfo", "MemAvailable")
+    if kib:
+        return int(kib.split()[0]) * 1024
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _proc_field(path: str, name: str) -> str | None:
+    """The value of `name: value` in a /proc text file, or None."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
 
 def _macos_version() -> tuple[int, ...] | None:

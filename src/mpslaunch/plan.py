@@ -12,12 +12,11 @@ from dataclasses import dataclass, field, fields
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, version_tuple
-from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
+from mpslaunch.profile import KNOWN_KEYS, MPS_WATERMARK_MAX, Profile, check_profile, check_value
 
 # torch's MPS watermark defaults on unified memory (MPSAllocator.mm): high 1.7, low 1.4.
 _DEFAULT_HIGH_WATERMARK = 1.7
 _DEFAULT_LOW_WATERMARK = 1.4
-_WATERMARK_UPPER_BOUND = 2.0  # what torch allows when the high ratio is 0.0 ("no limit")
 # Above cores, CPU processes only slow each other down; far above, they exhaust memory.
 CPU_PROCESSES_PER_CORE = 4
 
@@ -60,12 +59,16 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.num_processes * self.num_machines
 
-    def summary(self) -> str:
-        """The one line printed before the child starts."""
+    def choice(self) -> str:
+        """One line: the device and why, the precision, the processes."""
         processes = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
         if self.num_machines > 1:
             processes += f" on each of {self.num_machines} machines"
-        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {processes}"
+        return f"{self.reason}; precision {self.mixed_precision}; {processes}"
+
+    def summary(self) -> str:
+        """The one line printed before the child starts."""
+        return f"mpslaunch: {self.choice()}"
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -222,24 +225,31 @@ def _check_precision(precision: str, device: str, machine: Machine) -> None:
 
 def precision_problem(precision: str, device: str, machine: Machine) -> str | None:
     """Why this precision cannot run on this device, with what to use instead; or None."""
+    refusal = precision_refusal(precision, device, machine)
+    return "; ".join(refusal) if refusal else None
+
+
+def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[str, str] | None:
+    """(why this precision cannot run on this device, the command-line flags to use instead), or
+    None. The questionnaire and bench show the reason with advice of their own."""
     torch_release = version_tuple(machine.torch_version)
     if precision == "fp16" and device == "cpu":
         # Accelerate turns fp16 on cpu into plain fp32 without a word; we say so instead.
         return ("fp16 mixed precision does not run on cpu (Accelerate would silently train in "
-                "fp32); use --mixed_precision bf16 on cpu, or no")
+                "fp32)", "use --mixed_precision bf16 on cpu, or no")
     if precision == "fp16" and device == "mps" and torch_release < (2, 8):
         # GradScaler works on mps from torch 2.8 (pytorch PR #150255); before, unscale_ fails.
         return (f"fp16 training on mps needs torch 2.8 or later (GradScaler on mps), this is "
-                f"torch {machine.torch_version}; upgrade torch, or use --mixed_precision no")
+                f"torch {machine.torch_version}", "upgrade torch, or use --mixed_precision no")
     if precision == "bf16" and device == "mps":
         if machine.macos_version and machine.macos_version < (14, 0):
             # bfloat16 on MPS needs macOS 14 (torch.backends.mps.is_macos_or_newer(14, 0)).
             return (f"bf16 on mps needs macOS 14 or later and this Mac runs macOS "
-                    f"{machine.macos_text}; use --mixed_precision fp16 (torch 2.8 or later) or no")
+                    f"{machine.macos_text}", "use --mixed_precision fp16 (torch 2.8 or later) or no")
         if torch_release < (2, 6):
             # bf16 autocast on mps arrived in torch 2.6 (Accelerate refuses it below).
-            return (f"bf16 on mps needs torch 2.6 or later, this is torch "
-                    f"{machine.torch_version}; upgrade torch, or use --mixed_precision no")
+            return (f"bf16 on mps needs torch 2.6 or later, this is torch {machine.torch_version}",
+                    "upgrade torch, or use --mixed_precision no")
     return None
 
 
@@ -325,7 +335,7 @@ def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, 
 
 def _low_watermark(high: float, environ: Mapping[str, str]) -> dict[str, str]:
     """Keep low <= high: torch refuses to start the allocator otherwise ('invalid low watermark')."""
-    limit = high if high > 0 else _WATERMARK_UPPER_BOUND
+    limit = high if high > 0 else MPS_WATERMARK_MAX  # 0.0: no limit; torch allows a low up to 2.0
     low_text = environ.get("PYTORCH_MPS_LOW_WATERMARK_RATIO")
     if low_text is not None:
         low = _parse_ratio("PYTORCH_MPS_LOW_WATERMARK_RATIO", low_text)
@@ -346,9 +356,9 @@ def _parse_ratio(name: str, text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0.0 <= value <= _WATERMARK_UPPER_BOUND:
+    if not 0.0 <= value <= MPS_WATERMARK_MAX:
         raise MpslaunchError(f"{name}={text!r} must be a number from 0.0 to "
-                             f"{_WATERMARK_UPPER_BOUND}; fix or unset it")
+                             f"{MPS_WATERMARK_MAX}; fix or unset it")
     return value
 
 

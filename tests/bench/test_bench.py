@@ -21,6 +21,7 @@ from mpslaunch.bench.report import (
 )
 from mpslaunch.bench.timing import Timing
 from mpslaunch.errors import MpslaunchError
+from conftest import MACHINES
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
         "--warmup", "1", "--budget", "0.5"]
@@ -269,12 +270,13 @@ def test_devices_default_to_cpu_plus_every_accelerator(monkeypatch):
     assert bench_devices.choose_devices(["mps", "cpu"], cpu_only=False) == ["cpu", "mps"]
 
 
-def test_bf16_on_mps_before_macos_14_is_refused(monkeypatch):
-    monkeypatch.setattr(bench_devices, "_mps_is_macos_or_newer", lambda major, minor: False)
-    with pytest.raises(MpslaunchError, match="bfloat16 on mps needs macOS 14"):
-        bench_devices.check_dtype_supported("mps", "bfloat16")
-    bench_devices.check_dtype_supported("mps", "float16")
-    bench_devices.check_dtype_supported("cpu", "bfloat16")
+def test_bf16_on_mps_before_macos_14_is_refused():
+    ventura = MACHINES["m1_macos13_torch2.8"]
+    with pytest.raises(MpslaunchError, match="bf16 on mps needs macOS 14"):
+        bench_devices.check_dtype_supported("mps", "bfloat16", ventura)
+    bench_devices.check_dtype_supported("mps", "float16", ventura)
+    bench_devices.check_dtype_supported("cpu", "bfloat16", ventura)
+    bench_devices.check_dtype_supported("mps", "bfloat16", MACHINES["m1_macos14"])
 
 
 BAD_INPUT = [
@@ -282,9 +284,9 @@ BAD_INPUT = [
     (["--sizes", "1e3"], "--sizes takes positive whole numbers"),
     (["--sizes", ","], "--sizes is empty"),
     (["--batch-sizes", "-4"], "--batch-sizes takes positive whole numbers"),
-    (["--dtype", "fp8"], "Unknown dtype 'fp8'"),
-    (["--devices", "tpu"], "Unknown device 'tpu'"),
-    (["--workload", "resnet"], "Unknown workload 'resnet'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--devices", "tpu"], "unknown device 'tpu'"),
+    (["--workload", "resnet"], "unknown workload 'resnet'"),
     (["--repeats", "0"], "--repeats must be at least 1"),
 ]
 

@@ -89,7 +89,7 @@ def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
     path = tmp_path / "default.yaml"
     path.write_text("devise: mps\n")
     assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0
-    assert "cannot be used as a starting point" in capsys.readouterr().out
+    assert "mpslaunch: warning: the existing profile cannot be used as a starting point" in capsys.readouterr().err
     assert profiles.load(path) == Profile()
 
 

@@ -99,12 +99,12 @@ def _crossover(
     head = f"{workload} {dtype}, {device} vs cpu:"
     if first_of_winning_run == len(wins):
         return Crossover(workload, dtype, device, None,
-                         f"{head} cpu faster at the largest {label} measured ({at_largest}).")
+                         f"{head} cpu faster at the largest {label} measured ({at_largest})")
     size = group[first_of_winning_run].size
     if first_of_winning_run == 0:
-        text = f"{head} {device} faster at every {label} measured ({at_largest})."
+        text = f"{head} {device} faster at every {label} measured ({at_largest})"
     else:
-        text = f"{head} cpu faster below {label}={size}, {device} faster from there ({at_largest})."
+        text = f"{head} cpu faster below {label}={size}, {device} faster from there ({at_largest})"
     return Crossover(workload, dtype, device, size, text)
 
 
@@ -181,7 +181,7 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
         lines.extend(c.summary for c in found)
     elif all(r.device == "cpu" for r in results):
         lines.append("")
-        lines.append("cpu only: no accelerator measured, so no speedup or crossover to report.")
+        lines.append("cpu only: no accelerator measured, so no speedup or crossover to report")
     return "\n".join(lines)
 
 

@@ -8,24 +8,17 @@ bfloat16 train under torch.autocast, as mixed-precision training does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from mpslaunch.bench.devices import torch_dtype
 
-WORKLOADS = ("matvec", "matmul", "train")
-DEFAULT_WORKLOADS = ("matvec", "matmul", "train")
-
 IMAGE_SHAPE = (3, 32, 32)
 NUM_CLASSES = 10
 
 
-@dataclass
-class Prepared:
-    op: Callable[[], object]
-    flops: float
+Op = Callable[[], object]
 
 
 def flops(workload: str, size: int) -> float:
@@ -46,24 +39,24 @@ def bytes_needed(workload: str, dtype: str, size: int) -> int | None:
     return None
 
 
-def prepare(workload: str, device: str, dtype: str, size: int) -> Prepared:
+def prepare(workload: str, device: str, dtype: str, size: int) -> Op:
     builders = {"matvec": _prepare_matvec, "matmul": _prepare_matmul, "train": _prepare_train}
     return builders[workload](torch.device(device), torch_dtype(dtype), size)
 
 
-def _prepare_matvec(device: torch.device, dtype: torch.dtype, size: int) -> Prepared:
+def _prepare_matvec(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     matrix = torch.randn(size, size, device=device, dtype=dtype)
     vector = torch.randn(size, device=device, dtype=dtype)
     out = torch.empty(size, device=device, dtype=dtype)
-    return Prepared(op=lambda: torch.matmul(matrix, vector, out=out), flops=flops("matvec", size))
+    return lambda: torch.matmul(matrix, vector, out=out)
 
 
-def _prepare_matmul(device: torch.device, dtype: torch.dtype, size: int) -> Prepared:
+def _prepare_matmul(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     left = torch.randn(size, size, device=device, dtype=dtype)
     right = torch.randn(size, size, device=device, dtype=dtype)
     # A preallocated output keeps allocator (and, on cpu, page-fault) time out of the sample.
     out = torch.empty(size, size, device=device, dtype=dtype)
-    return Prepared(op=lambda: torch.matmul(left, right, out=out), flops=flops("matmul", size))
+    return lambda: torch.matmul(left, right, out=out)
 
 
 def small_cnn() -> nn.Module:
@@ -76,7 +69,7 @@ def small_cnn() -> nn.Module:
     )
 
 
-def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Prepared:
+def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     torch.manual_seed(0)
     model = small_cnn().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -91,7 +84,7 @@ def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Prepa
         loss.backward()
         optimizer.step()
 
-    return Prepared(op=step, flops=flops("train", size))
+    return step
 
 
 _train_flops_cache: list[float] = []

@@ -10,8 +10,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpslaunch import machine as machine_probe
 from mpslaunch.commands.options import add_option
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.machine import Machine
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_BATCH_SIZES = (32, 128, 512)
@@ -80,9 +82,10 @@ class BenchOptions:
 def main(args: argparse.Namespace) -> int:
     from mpslaunch.bench import report as bench_report
 
-    options = parse_options(args)
+    machine = machine_probe.probe()
+    options = parse_options(args, machine)
     results, interrupted = run_all(options)
-    environment = describe_environment(options.devices)
+    environment = describe_environment(options.devices, machine)
     if args.json:
         bench_report.write_json(results, environment, sys.stdout)
     else:
@@ -90,32 +93,32 @@ def main(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
     if interrupted:
-        print("mpslaunch bench: interrupted; the results above are partial.", file=sys.stderr)
+        print("mpslaunch: bench interrupted: the results above are partial", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
 
 
-def parse_options(args: argparse.Namespace) -> BenchOptions:
+def parse_options(args: argparse.Namespace, machine: Machine) -> BenchOptions:
     """Validate everything before the first measurement, so bad input fails in a second."""
     workloads = _parse_workloads(args.workload)
     sizes = _parse_sizes(args.sizes, "--sizes")
     batch_sizes = _parse_sizes(args.batch_sizes, "--batch-sizes")
     if args.repeats < 1 or args.warmup < 0 or not args.budget > 0:
         raise MpslaunchError(
-            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds."
+            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds"
         )
     from mpslaunch.bench import devices as bench_devices  # imports torch: only once the cheap checks passed
 
     dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
     if not dtypes:
-        raise MpslaunchError("--dtype is empty; pass e.g. --dtype float32,bfloat16.")
+        raise MpslaunchError("--dtype is empty; pass e.g. --dtype float32,bfloat16")
     requested = _split(args.devices) if args.devices is not None else None
     if requested is not None and not requested:
-        raise MpslaunchError("--devices is empty; pass e.g. --devices cpu,mps.")
+        raise MpslaunchError("--devices is empty; pass e.g. --devices cpu,mps")
     devices = tuple(bench_devices.choose_devices(requested, args.cpu))
     for device in devices:
         for dtype in dtypes:
-            bench_devices.check_dtype_supported(device, dtype)
+            bench_devices.check_dtype_supported(device, dtype, machine)
     return BenchOptions(workloads, sizes, batch_sizes, dtypes, devices,
                         args.repeats, args.warmup, args.budget)
 
@@ -131,8 +134,8 @@ def _parse_workloads(text: str) -> tuple[str, ...]:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown or not names:
         raise MpslaunchError(
-            f"Unknown workload {', '.join(map(repr, unknown)) or '(empty)'} in --workload; "
-            f"choose from {', '.join(WORKLOADS)} or all."
+            f"unknown workload {', '.join(map(repr, unknown)) or '(empty)'} in --workload; "
+            f"choose from {', '.join(WORKLOADS)} or all"
         )
     return tuple(dict.fromkeys(names))
 
@@ -144,11 +147,11 @@ def _parse_sizes(text: str, flag: str) -> tuple[int, ...]:
         if not part.isdigit() or int(part) < 1:
             raise MpslaunchError(
                 f"{flag} takes positive whole numbers separated by commas "
-                f"(e.g. {flag} 256,1024,4096); {part!r} is not one."
+                f"(e.g. {flag} 256,1024,4096); {part!r} is not one"
             )
         sizes.append(int(part))
     if not sizes:
-        raise MpslaunchError(f"{flag} is empty; pass e.g. {flag} 256,1024,4096.")
+        raise MpslaunchError(f"{flag} is empty; pass e.g. {flag} 256,1024,4096")
     return tuple(sorted(set(sizes)))
 
 
@@ -182,7 +185,7 @@ def run_all(options: BenchOptions):
     return results, False
 
 
-def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
+def describe_environment(devices: tuple[str, ...], machine: Machine) -> dict[str, object]:
     import platform
 
     import torch
@@ -193,7 +196,7 @@ def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "devices": {d: bench_devices.describe(d) for d in devices},
+        "devices": {d: bench_devices.describe(d, machine) for d in devices},
         # "highest" means cuda float32 matmuls do not use TF32: the fp32 numbers are true fp32.
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
@@ -206,7 +209,7 @@ def write_files(results, environment, out: Path, report_to) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise MpslaunchError(
-            f"Cannot create the --out folder {out} ({error.strerror}); pass a writable folder."
+            f"cannot create the --out folder {out} ({error.strerror}); pass a writable folder"
         ) from None
     bench_report.write_csv(results, out / "bench.csv")
     bench_report.write_png(results, environment, out / "bench.png")

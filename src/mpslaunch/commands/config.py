@@ -112,11 +112,7 @@ def on_this_machine(profile: Profile, machine: Machine) -> str:
         plan = resolve(profile, LaunchRequest(target="script.py"), machine, os.environ)
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
-    processes = f"{plan.num_processes} process" + ("es" if plan.num_processes > 1 else "")
-    if plan.num_machines > 1:
-        processes += f" on each of {plan.num_machines} machines"
-    return (f"on this machine: device {profile.device} -> {plan.reason}; "
-            f"precision {plan.mixed_precision}; {processes}")
+    return f"on this machine: device {profile.device} -> {plan.choice()}"
 
 
 def _existing(path: Path) -> Profile | None:
@@ -126,6 +122,6 @@ def _existing(path: Path) -> Profile | None:
     try:
         return profiles.load(path)
     except MpslaunchError as error:
-        print(f"note: the existing profile cannot be used as a starting point ({error}); "
-              "answering the questions replaces it")
+        print(f"mpslaunch: warning: the existing profile cannot be used as a starting point "
+              f"({error}); answering the questions replaces it", file=sys.stderr)
         return None

@@ -191,9 +191,7 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
         return {"profile_path": None, "profile": f"unreadable: {error}", "launcher_choice": "none: no profile"}
     values = profile.to_dict() if path else "none: defaults"
     try:
-        plan = resolve(profile, LaunchRequest(target="script.py"), machine, environ)
-        processes = f"{plan.num_processes} process(es) x {plan.num_machines} machine(s)"
-        choice = f"{plan.reason}; precision {plan.mixed_precision}; {processes}"
+        choice = resolve(profile, LaunchRequest(target="script.py"), machine, environ).choice()
     except MpslaunchError as error:
         choice = f"refuses: {error}"
     return {"profile_path": str(path) if path else None, "profile": values, "launcher_choice": choice}

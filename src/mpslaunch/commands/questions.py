@@ -14,9 +14,9 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchRequest, choose_device, cuda_problem, mps_problem, precision_problem, resolve
 from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile, check_value
+from mpslaunch.run.torchrun.args import DEFAULT_PORT
 
 _PROBE = LaunchRequest(target="script.py")  # resolve() needs a target; the questions never run it
-DEFAULT_PORT = 29500  # torch.distributed.run's own default master port
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     from mpslaunch.commands import launch
 
     if not args.timeout > 0:
-        raise MpslaunchError("--timeout must be above 0 seconds.")
+        raise MpslaunchError("--timeout must be above 0 seconds")
     with tempfile.TemporaryDirectory(prefix="mpslaunch-test-") as report_dir:
         plan = resolve_plan(args, report_dir)
         for warning in plan.warnings:
@@ -169,6 +169,6 @@ def format_outcomes(outcomes: list[Outcome]) -> str:
         if not o.ok and o.fix:
             lines.append(f"      {''.ljust(width)}  what to change: {o.fix}")
     failed = sum(not o.ok for o in outcomes)
-    lines.append(f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed."
-                 if failed else f"mpslaunch test: all {len(outcomes)} checks passed.")
+    lines.append(f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed"
+                 if failed else f"mpslaunch test: all {len(outcomes)} checks passed")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.errors import MpslaunchError, error_line
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.processes import exit_code
 from mpslaunch.run.torchrun.console import whole_rank_lines
@@ -126,7 +126,7 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             return 128 + int(stop.sigval)
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
-                               f"{type(error).__name__}: {_first_line(error)}") from None
+                               f"{error_line(error)}") from None
     return 0
 
 
@@ -229,7 +229,3 @@ def _line_buffered(stream) -> None:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [""])[0]

@@ -13,7 +13,7 @@ import socket
 from contextlib import contextmanager
 from typing import Iterator
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.errors import MpslaunchError, error_line
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 
@@ -37,7 +37,7 @@ def store_on(address: str, port: int) -> Iterator[int]:
     except (RuntimeError, ValueError) as error:
         socket.close(descriptor)
         raise MpslaunchError(f"cannot start the rendezvous store on {address}:{chosen}: "
-                             f"{_first_line(error)}") from None
+                             f"{error_line(error)}") from None
     try:
         yield chosen
     finally:
@@ -78,7 +78,3 @@ def _listen(address: str, port: int) -> socket.socket:
             f"cannot listen on {address}:{port} for the rendezvous ({error.strerror}); "
             "use --main_process_port 0 to pick a free port, or another port") from None
     return listener
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
