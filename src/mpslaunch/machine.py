@@ -57,6 +57,11 @@ def probe() -> Machine:
     )
 
 
+def loopback_interface(platform: str = sys.platform) -> str:
+    """The loopback network interface's name, as GLOO_SOCKET_IFNAME wants it."""
+    return "lo0" if platform == "darwin" else "lo"
+
+
 def version_tuple(text: str | None) -> tuple[int, ...]:
     """'2.14.1+cu130' -> (2, 14, 1); leading numeric parts only."""
     numbers = re.match(r"[\d.]*", text or "").group(0)

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
+from mpslaunch.machine import loopback_interface
 from mpslaunch.plan import LaunchPlan
 
 LOOPBACK = "127.0.0.1"
@@ -85,10 +86,6 @@ def _bracketed(address: str) -> str:
 
 
 # ---------------------------------------------------------------- environment
-
-
-def loopback_interface(platform: str = sys.platform) -> str:
-    return "lo0" if platform == "darwin" else "lo"
 
 
 def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapping[str, str],
