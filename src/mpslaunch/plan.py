@@ -14,7 +14,8 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, version_tuple
 from mpslaunch.profile import KNOWN_KEYS, MPS_WATERMARK_MAX, Profile, check_profile, check_value
 
-# torch's MPS watermark defaults on unified memory (MPSAllocator.mm): high 1.7, low 1.4.
+# torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
+# (docs/mps-facts.md: Environment variables).
 _DEFAULT_HIGH_WATERMARK = 1.7
 _DEFAULT_LOW_WATERMARK = 1.4
 # Above cores, CPU processes only slow each other down; far above, they exhaust memory.
@@ -157,7 +158,7 @@ def choose_device(wanted: str, request: LaunchRequest, machine: Machine) -> tupl
 
 
 def mps_minimum_macos(torch_version: str) -> tuple[int, ...]:
-    """The oldest macOS whose MPS backend this torch supports (MPS-FACTS: Detecting MPS)."""
+    """The oldest macOS whose MPS backend this torch supports (docs/mps-facts.md: Detecting MPS)."""
     release = version_tuple(torch_version)[:2]
     if release >= (2, 9):
         return (14, 0)  # macOS 13 support dropped in 2.9 (pytorch PR #162921)
@@ -171,12 +172,12 @@ def mps_problem(machine: Machine) -> str | None:
     if not machine.is_mac:
         return f"mps needs a Mac with Apple silicon and this is {machine.system} {machine.arch}"
     if machine.rosetta:
-        # An x86_64 Python under Rosetta reports x86_64 and has no MPS (MPS-FACTS: Rosetta).
+        # An x86_64 Python under Rosetta has no MPS (docs/mps-facts.md: Detecting MPS).
         return ("this Python is an x86_64 build running under Rosetta, which has no mps; "
                 "install an arm64 Python (python.org, Homebrew in /opt/homebrew, or conda "
                 "osx-arm64) and torch inside it")
     if machine.arch != "arm64":
-        # The last x86_64 macOS wheels are torch 2.2 (pytorch #114602).
+        # The last x86_64 macOS wheels are torch 2.2 (docs/mps-facts.md: Detecting MPS).
         return "this is an Intel Mac; mps training needs Apple silicon"
     if not machine.torch_version:
         return f"torch is not installed for {machine.python}; run `pip install torch`"
@@ -238,16 +239,16 @@ def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[st
         return ("fp16 mixed precision does not run on cpu (Accelerate would silently train in "
                 "fp32)", "use --mixed_precision bf16 on cpu, or no")
     if precision == "fp16" and device == "mps" and torch_release < (2, 8):
-        # GradScaler works on mps from torch 2.8 (pytorch PR #150255); before, unscale_ fails.
+        # GradScaler works on mps from torch 2.8 (docs/mps-facts.md: Precision).
         return (f"fp16 training on mps needs torch 2.8 or later (GradScaler on mps), this is "
                 f"torch {machine.torch_version}", "upgrade torch, or use --mixed_precision no")
     if precision == "bf16" and device == "mps":
         if machine.macos_version and machine.macos_version < (14, 0):
-            # bfloat16 on MPS needs macOS 14 (torch.backends.mps.is_macos_or_newer(14, 0)).
+            # bfloat16 on MPS needs macOS 14 (docs/mps-facts.md: Precision).
             return (f"bf16 on mps needs macOS 14 or later and this Mac runs macOS "
                     f"{machine.macos_text}", "use --mixed_precision fp16 (torch 2.8 or later) or no")
         if torch_release < (2, 6):
-            # bf16 autocast on mps arrived in torch 2.6 (Accelerate refuses it below).
+            # bf16 autocast on mps needs torch 2.6 (docs/mps-facts.md: Precision).
             return (f"bf16 on mps needs torch 2.6 or later, this is torch {machine.torch_version}",
                     "upgrade torch, or use --mixed_precision no")
     return None
@@ -258,7 +259,7 @@ def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[st
 
 def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
-        # gloo and nccl do not work with mps tensors (MPS-FACTS: Training on a Mac).
+        # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
         asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
                  else f"{settings.num_machines} machines")
         raise MpslaunchError(
@@ -302,7 +303,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
         "MPSLAUNCH_NUM_PROCESSES": str(settings.num_processes * settings.num_machines),
-        # What an unmodified Accelerator() reads (accelerate/state.py).
+        # What an unmodified Accelerator() reads
+        # (docs/mps-facts.md: How Accelerate passes a plan to a script).
         "ACCELERATE_USE_CPU": "true" if device == "cpu" else "false",
         "ACCELERATE_MIXED_PRECISION": settings.mixed_precision,
     }
@@ -322,7 +324,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
 
 def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, str]:
     env = {}
-    # Read once when torch loads (MPSFallback.mm), so it must be set before the child starts.
+    # Read once when torch loads, so it must be set before the child starts
+    # (docs/mps-facts.md: Environment variables).
     if "PYTORCH_ENABLE_MPS_FALLBACK" not in environ:
         env["PYTORCH_ENABLE_MPS_FALLBACK"] = "1" if settings.mps_fallback else "0"
     high_text = environ.get("PYTORCH_MPS_HIGH_WATERMARK_RATIO")

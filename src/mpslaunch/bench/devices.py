@@ -43,7 +43,7 @@ def choose_devices(requested: list[str] | None, cpu_only: bool) -> list[str]:
     """cpu first (the baseline every speedup is measured against), then the accelerators.
 
     `--cpu` wins over everything, as in `mpslaunch launch`. Asking for a device that is not
-    here is an error, never a silent fall back to cpu (DESIGN.md, "Device").
+    here is an error, never a silent fall back to cpu (docs/design.md: Device).
     """
     if cpu_only:
         return ["cpu"]
@@ -117,7 +117,7 @@ def free_bytes(device: str) -> int | None:
         if device == "cuda":
             return torch.cuda.mem_get_info()[0]
         if device == "mps":
-            # recommended_max_memory exists from torch 2.5 (MPS-FACTS.md, "Memory APIs").
+            # recommended_max_memory exists from torch 2.5 (docs/mps-facts.md: Training on a Mac).
             recommended = getattr(torch.mps, "recommended_max_memory", None)
             if recommended is None:
                 return None
