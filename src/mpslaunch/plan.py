@@ -267,7 +267,7 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
             f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
             "for several CPU processes, or a machine with several NVIDIA GPUs")
-    most_cpu_processes = CPU_PROCESSES_PER_CORE * machine.cpu_count
+    most_cpu_processes = most_processes("cpu", machine)
     if device == "cpu" and settings.num_processes > most_cpu_processes:
         raise MpslaunchError(
             f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
@@ -279,6 +279,16 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             f"--num_processes {settings.num_processes} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
+
+
+def most_processes(device: str, machine: Machine) -> int:
+    """The most processes per machine this device allows here: one on mps, one per visible GPU on
+    cuda, CPU_PROCESSES_PER_CORE per core on cpu."""
+    if device == "mps":
+        return 1
+    if device == "cuda":
+        return len(machine.cuda_devices)
+    return CPU_PROCESSES_PER_CORE * machine.cpu_count
 
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
+MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
 
 
 @dataclass(frozen=True)
@@ -233,17 +234,19 @@ def _suggestion(key: str) -> str:
 # ---------------------------------------------------------------- writing
 
 
-def to_yaml(profile: Profile) -> str:
+def to_yaml(profile: Profile, leave_out: tuple[str, ...] = ()) -> str:
+    """The profile as YAML; keys in `leave_out` are not written (loading gives their defaults)."""
     import yaml
 
     header = "# mpslaunch profile: `mpslaunch config` writes it, `mpslaunch launch` reads it.\n"
-    return header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
+    values = {key: value for key, value in profile.to_dict().items() if key not in leave_out}
+    return header + yaml.safe_dump(values, sort_keys=False)
 
 
-def save(profile: Profile, path: Path) -> None:
+def save(profile: Profile, path: Path, leave_out: tuple[str, ...] = ()) -> None:
     """Write atomically: temp file in the same folder, fsync, rename. The old file survives a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, to_yaml(profile))
+    write_atomically(path, to_yaml(profile, leave_out))
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -60,15 +61,24 @@ def main(args: argparse.Namespace) -> int:
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if args.default:
-        return write(Profile(), path, machine_probe.probe())
+        return write(Profile(), path, machine_probe.probe(), how_to_use(args))
     if not sys.stdin.isatty():
         raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
                              "`mpslaunch config --default` to write the default profile, or run "
                              "`mpslaunch config` in a terminal")
-    return interactive(path, machine_probe.probe())
+    return interactive(path, machine_probe.probe(), how_to_use(args))
 
 
-def interactive(path: Path, machine: Machine) -> int:
+def how_to_use(args: argparse.Namespace) -> str:
+    """The line after a written profile: how `launch` finds it."""
+    if args.config_file:
+        return f"use it with `mpslaunch launch --config_file {shlex.quote(args.config_file)} script.py`"
+    if args.profile:
+        return f"use it with `mpslaunch launch --profile {args.profile} script.py`"
+    return "`mpslaunch launch script.py` uses it unless --profile or --config_file names another"
+
+
+def interactive(path: Path, machine: Machine, use: str = "") -> int:
     """Ask, then write. Reads and draws through the current prompt_toolkit session (tests swap it)."""
     from mpslaunch.commands import questions
 
@@ -79,19 +89,21 @@ def interactive(path: Path, machine: Machine) -> int:
         how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"
         print(f"mpslaunch: config {how}: nothing written{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_END_OF_INPUT
-    return write(answers, path, machine)
+    return write(answers, path, machine, use)
 
 
-def write(profile: Profile, path: Path, machine: Machine) -> int:
+def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
     replaced = path.exists()
     try:
-        profiles.save(profile, path)
+        profiles.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
         raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
     print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
-    print(profiles.to_yaml(profile))
+    print(profiles.to_yaml(profile, unused_keys(profile, machine)))
     print(on_this_machine(profile, machine))
+    if use:
+        print(use)
     return 0
 
 
@@ -102,7 +114,7 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine) ->
         head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
     else:
         head = f"# {path}"
-    body = profiles.to_yaml(profile).split("\n", 1)[1]  # drop to_yaml's own comment line
+    body = profiles.to_yaml(profile, unused_keys(profile, machine)).split("\n", 1)[1]  # no comment line
     return f"{head}\n{body}\n{on_this_machine(profile, machine)}"
 
 
@@ -113,6 +125,14 @@ def on_this_machine(profile: Profile, machine: Machine) -> str:
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
     return f"on this machine: device {profile.device} -> {plan.choice()}"
+
+
+def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:
+    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults."""
+    if machine.is_mac:
+        return ()
+    default = Profile()
+    return tuple(key for key in profiles.MPS_KEYS if getattr(profile, key) == getattr(default, key))
 
 
 def _existing(path: Path) -> Profile | None:
