@@ -84,6 +84,12 @@ def main(args: argparse.Namespace) -> int:
 
     machine = machine_probe.probe()
     options = parse_options(args, machine)
+    if options.devices == ("cpu",) and not args.cpu and args.devices is None:
+        # Said before the minutes of measuring, not after. The cpu table still answers how fast
+        # this machine is at each size, a baseline to set against another machine's run.
+        print("mpslaunch: warning: this machine has no usable accelerator (mps or cuda), so there "
+              "is nothing to compare the cpu with; measuring the cpu alone (--cpu asks for that "
+              "without this warning)", file=sys.stderr, flush=True)
     results, interrupted = run_all(options)
     environment = describe_environment(options.devices, machine)
     if args.json:
