@@ -1,7 +1,7 @@
 """`mpslaunch config`: writing, --default, show, interruptions, and the CLI end to end.
 
 The questionnaire runs here through prompt_toolkit pipe input and, once, in a real terminal
-(tmux send-keys / capture-pane); that one test is skipped only when tmux is not installed.
+(tmux send-keys / capture-pane); those tests are skipped only when tmux is not installed.
 """
 
 from __future__ import annotations
