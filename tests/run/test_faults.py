@@ -365,8 +365,9 @@ def slow_fsync(descriptor):
     real_fsync(descriptor)
 os.fsync = slow_fsync
 versions = [Profile(num_processes=n, main_process_ip=letter * 50_000) for n, letter in ((2, "a"), (3, "b"))]
-rendered = {profile: profiles.to_yaml(profile) for profile in versions}  # YAML emitting is slow:
-profiles.to_yaml = rendered.__getitem__  # render once, so the loop spends its time writing
+rendered = {profile: profiles.to_yaml(profile) for profile in versions}
+# YAML emitting is slow: render once, so that the loop spends its time writing.
+profiles.to_yaml = lambda profile, leave_out=(): rendered[profile]
 print("ready", flush=True)
 for number in range(10**9):
     profile = versions[number % 2]
