@@ -1,17 +1,8 @@
-"""mpslaunch: launch PyTorch training on your own machine, Apple silicon first.
+"""The command table: parses the command line and hands it to the chosen command's module.
 
-    mpslaunch config [--default] [--profile NAME | --config_file PATH]   write a profile
-    mpslaunch config show [--profile NAME | --config_file PATH]          print the profile in force
-    mpslaunch launch [options] script.py [script args...]                run a script with the plan
-    mpslaunch env                                                        report for bug reports
-    mpslaunch bench [options]                                            is the GPU faster than the CPU?
-    mpslaunch test [--profile NAME | --config_file PATH]                 self-test of the launch path
-
-Each command lives in a module that offers add_arguments(parser) and main(args) -> int; only the
-chosen command's module is imported, and none imports torch or questionary at the top, so
-`launch` starts fast.
-Exit codes: the script's own code; 128+N when signal N killed it; 2 for a usage, profile or
-device error, printed as one line on stderr.
+Each command module offers HELP (its --help text), add_arguments(parser) and main(args) -> int.
+Only the chosen command's module is imported, and none imports torch or questionary at the top,
+so `launch` starts fast. An MpslaunchError becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
@@ -22,6 +13,17 @@ import sys
 
 from mpslaunch import __version__
 from mpslaunch.errors import MpslaunchError
+
+HELP = """\
+Launch PyTorch training on your own machine: mps on Apple silicon, cuda on NVIDIA
+GPUs, cpu otherwise. Scripts written for Hugging Face Accelerate run unchanged.
+
+examples:
+  mpslaunch config --default        write the default profile
+  mpslaunch launch train.py         run train.py on the device this machine should use
+  mpslaunch env                     print the facts a bug report needs
+"""
+EPILOG = "Run `mpslaunch COMMAND --help` for a command's options and examples."
 
 # name -> (module, one-line help). Only the chosen command's module is imported.
 COMMANDS = {
@@ -42,22 +44,31 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None) -> OneLineParser:
-    parser = OneLineParser(prog="mpslaunch", description=__doc__.split("\n\n")[0],
+    description, examples = _split_help(HELP)
+    parser = OneLineParser(prog="mpslaunch", description=description,
+                           epilog=f"{examples}\n\n{EPILOG}",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     if command in COMMANDS:
         # Only the chosen command: building a parser per command costs time on every launch.
         module_name, help_text = COMMANDS[command]
         module = importlib.import_module(module_name)
-        sub = commands.add_parser(command, help=help_text, description=module.__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        description, examples = _split_help(module.HELP)
+        sub = commands.add_parser(command, help=help_text, description=description,
+                                  epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.main)
         return parser
     for name, (_, help_text) in COMMANDS.items():  # for `mpslaunch --help` and unknown commands
         commands.add_parser(name, help=help_text, description=help_text)
     return parser
+
+
+def _split_help(text: str) -> tuple[str, str]:
+    """A HELP text's description, and its examples block, which --help shows after the options."""
+    description, marker, examples = text.partition("\nexamples:\n")
+    return description.strip(), (marker.strip() + "\n" + examples.rstrip()) if marker else ""
 
 
 def main(argv: list[str] | None = None) -> int:

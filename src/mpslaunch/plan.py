@@ -1,10 +1,8 @@
 """The rules: `resolve(profile, request, machine, environ) -> LaunchPlan`, a pure function.
 
-Everything mpslaunch decides lives here: precedence (flag > profile > auto-detection), the device
-choice, mixed-precision checks, the multi-process rules and the child's environment. It reads no
-files and starts nothing, so tests can describe any machine (an M1 on macOS 13, a Rosetta Python,
-Linux with 8 GPUs) and check the plan. Every refusal is an MpslaunchError whose message says what
-to do. The facts behind each rule are in shared/MPS-FACTS.md; the comment beside a rule cites it.
+Precedence, the device choice, the precision and process checks and the child's environment all
+live here; it reads no files and starts nothing, so tests can describe any machine. Each refusal
+is an MpslaunchError that says what to do; each rule cites its fact in docs/mps-facts.md.
 """
 
 from __future__ import annotations
@@ -14,12 +12,12 @@ from dataclasses import dataclass, field, fields
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, version_tuple
-from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
+from mpslaunch.profile import KNOWN_KEYS, MPS_WATERMARK_MAX, Profile, check_profile, check_value
 
-# torch's MPS watermark defaults on unified memory (MPSAllocator.mm): high 1.7, low 1.4.
+# torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
+# (docs/mps-facts.md: Environment variables).
 _DEFAULT_HIGH_WATERMARK = 1.7
 _DEFAULT_LOW_WATERMARK = 1.4
-_WATERMARK_UPPER_BOUND = 2.0  # what torch allows when the high ratio is 0.0 ("no limit")
 # Above cores, CPU processes only slow each other down; far above, they exhaust memory.
 CPU_PROCESSES_PER_CORE = 4
 
@@ -63,18 +61,18 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.num_processes * self.num_machines
 
-    def processes_text(self) -> str:
-        """'2 processes, one per GPU (--num_processes 1 for one)', '1 process', ..."""
-        text = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
+    def choice(self) -> str:
+        """One line: the device and why, the precision, the processes."""
+        processes = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
         if self.num_machines > 1:
-            text += f" on each of {self.num_machines} machines"
+            processes += f" on each of {self.num_machines} machines"
         if self.one_per_gpu and self.num_processes > 1:
-            text += ", one per GPU (--num_processes 1 for one)"
-        return text
+            processes += ", one per GPU (--num_processes 1 for one)"
+        return f"{self.reason}; precision {self.mixed_precision}; {processes}"
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
-        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {self.processes_text()}"
+        return f"mpslaunch: {self.choice()}"
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -168,7 +166,7 @@ def choose_device(wanted: str, request: LaunchRequest, machine: Machine) -> tupl
 
 
 def mps_minimum_macos(torch_version: str) -> tuple[int, ...]:
-    """The oldest macOS whose MPS backend this torch supports (MPS-FACTS: Detecting MPS)."""
+    """The oldest macOS whose MPS backend this torch supports (docs/mps-facts.md: Detecting MPS)."""
     release = version_tuple(torch_version)[:2]
     if release >= (2, 9):
         return (14, 0)  # macOS 13 support dropped in 2.9 (pytorch PR #162921)
@@ -182,12 +180,12 @@ def mps_problem(machine: Machine) -> str | None:
     if not machine.is_mac:
         return f"mps needs a Mac with Apple silicon and this is {machine.system} {machine.arch}"
     if machine.rosetta:
-        # An x86_64 Python under Rosetta reports x86_64 and has no MPS (MPS-FACTS: Rosetta).
+        # An x86_64 Python under Rosetta has no MPS (docs/mps-facts.md: Detecting MPS).
         return ("this Python is an x86_64 build running under Rosetta, which has no mps; "
                 "install an arm64 Python (python.org, Homebrew in /opt/homebrew, or conda "
                 "osx-arm64) and torch inside it")
     if machine.arch != "arm64":
-        # The last x86_64 macOS wheels are torch 2.2 (pytorch #114602).
+        # The last x86_64 macOS wheels are torch 2.2 (docs/mps-facts.md: Detecting MPS).
         return "this is an Intel Mac; mps training needs Apple silicon"
     if not machine.torch_version:
         return f"torch is not installed for {machine.python}; run `pip install torch`"
@@ -236,24 +234,31 @@ def _check_precision(precision: str, device: str, machine: Machine) -> None:
 
 def precision_problem(precision: str, device: str, machine: Machine) -> str | None:
     """Why this precision cannot run on this device, with what to use instead; or None."""
+    refusal = precision_refusal(precision, device, machine)
+    return "; ".join(refusal) if refusal else None
+
+
+def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[str, str] | None:
+    """(why this precision cannot run on this device, the command-line flags to use instead), or
+    None. The questionnaire and bench show the reason with advice of their own."""
     torch_release = version_tuple(machine.torch_version)
     if precision == "fp16" and device == "cpu":
         # Accelerate turns fp16 on cpu into plain fp32 without a word; we say so instead.
         return ("fp16 mixed precision does not run on cpu (Accelerate would silently train in "
-                "fp32); use --mixed_precision bf16 on cpu, or no")
+                "fp32)", "use --mixed_precision bf16 on cpu, or no")
     if precision == "fp16" and device == "mps" and torch_release < (2, 8):
-        # GradScaler works on mps from torch 2.8 (pytorch PR #150255); before, unscale_ fails.
+        # GradScaler works on mps from torch 2.8 (docs/mps-facts.md: Precision).
         return (f"fp16 training on mps needs torch 2.8 or later (GradScaler on mps), this is "
-                f"torch {machine.torch_version}; upgrade torch, or use --mixed_precision no")
+                f"torch {machine.torch_version}", "upgrade torch, or use --mixed_precision no")
     if precision == "bf16" and device == "mps":
         if machine.macos_version and machine.macos_version < (14, 0):
-            # bfloat16 on MPS needs macOS 14 (torch.backends.mps.is_macos_or_newer(14, 0)).
+            # bfloat16 on MPS needs macOS 14 (docs/mps-facts.md: Precision).
             return (f"bf16 on mps needs macOS 14 or later and this Mac runs macOS "
-                    f"{machine.macos_text}; use --mixed_precision fp16 (torch 2.8 or later) or no")
+                    f"{machine.macos_text}", "use --mixed_precision fp16 (torch 2.8 or later) or no")
         if torch_release < (2, 6):
-            # bf16 autocast on mps arrived in torch 2.6 (Accelerate refuses it below).
-            return (f"bf16 on mps needs torch 2.6 or later, this is torch "
-                    f"{machine.torch_version}; upgrade torch, or use --mixed_precision no")
+            # bf16 autocast on mps needs torch 2.6 (docs/mps-facts.md: Precision).
+            return (f"bf16 on mps needs torch 2.6 or later, this is torch {machine.torch_version}",
+                    "upgrade torch, or use --mixed_precision no")
     return None
 
 
@@ -268,7 +273,7 @@ def default_processes(device: str, machine: Machine) -> int:
 
 def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
-        # gloo and nccl do not work with mps tensors (MPS-FACTS: Training on a Mac).
+        # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
         asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
                  else f"{settings.num_machines} machines")
         raise MpslaunchError(
@@ -276,7 +281,7 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
             f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
             "for several CPU processes, or a machine with several NVIDIA GPUs")
-    most_cpu_processes = CPU_PROCESSES_PER_CORE * machine.cpu_count
+    most_cpu_processes = most_processes("cpu", machine)
     if device == "cpu" and settings.num_processes > most_cpu_processes:
         raise MpslaunchError(
             f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
@@ -288,6 +293,16 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             f"--num_processes {settings.num_processes} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
+
+
+def most_processes(device: str, machine: Machine) -> int:
+    """The most processes per machine this device allows here: one on mps, one per visible GPU on
+    cuda, CPU_PROCESSES_PER_CORE per core on cpu."""
+    if device == "mps":
+        return 1
+    if device == "cuda":
+        return len(machine.cuda_devices)
+    return CPU_PROCESSES_PER_CORE * machine.cpu_count
 
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:
@@ -312,7 +327,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
         "MPSLAUNCH_NUM_PROCESSES": str(settings.num_processes * settings.num_machines),
-        # What an unmodified Accelerator() reads (accelerate/state.py).
+        # What an unmodified Accelerator() reads
+        # (docs/mps-facts.md: How Accelerate passes a plan to a script).
         "ACCELERATE_USE_CPU": "true" if device == "cpu" else "false",
         "ACCELERATE_MIXED_PRECISION": settings.mixed_precision,
     }
@@ -332,7 +348,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
 
 def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, str]:
     env = {}
-    # Read once when torch loads (MPSFallback.mm), so it must be set before the child starts.
+    # Read once when torch loads, so it must be set before the child starts
+    # (docs/mps-facts.md: Environment variables).
     if "PYTORCH_ENABLE_MPS_FALLBACK" not in environ:
         env["PYTORCH_ENABLE_MPS_FALLBACK"] = "1" if settings.mps_fallback else "0"
     high_text = environ.get("PYTORCH_MPS_HIGH_WATERMARK_RATIO")
@@ -345,7 +362,7 @@ def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, 
 
 def _low_watermark(high: float, environ: Mapping[str, str]) -> dict[str, str]:
     """Keep low <= high: torch refuses to start the allocator otherwise ('invalid low watermark')."""
-    limit = high if high > 0 else _WATERMARK_UPPER_BOUND
+    limit = high if high > 0 else MPS_WATERMARK_MAX  # 0.0: no limit; torch allows a low up to 2.0
     low_text = environ.get("PYTORCH_MPS_LOW_WATERMARK_RATIO")
     if low_text is not None:
         low = _parse_ratio("PYTORCH_MPS_LOW_WATERMARK_RATIO", low_text)
@@ -366,9 +383,9 @@ def _parse_ratio(name: str, text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0.0 <= value <= _WATERMARK_UPPER_BOUND:
+    if not 0.0 <= value <= MPS_WATERMARK_MAX:
         raise MpslaunchError(f"{name}={text!r} must be a number from 0.0 to "
-                             f"{_WATERMARK_UPPER_BOUND}; fix or unset it")
+                             f"{MPS_WATERMARK_MAX}; fix or unset it")
     return value
 
 

@@ -1,12 +1,8 @@
-"""Profiles: what the user wants, as plain data, loaded from and saved to YAML.
+"""Profiles: what the user wants, as plain data, read from and written to YAML.
 
-A profile knows nothing about the machine. Files are read with `yaml.safe_load` semantics only
-(no object construction), checked key by key (unknown keys, wrong types and out-of-range values
-are errors that name the key, the file and the line), and written atomically so an interrupted
-write never loses the old profile.
-
-Where profiles live: `--config_file PATH`, else `$MPSLAUNCH_CONFIG_DIR`, else the platform's user
-config folder; `default.yaml` there, plus `NAME.yaml` for `--profile NAME`.
+A profile knows nothing about the machine. Files are parsed as data only (no object is ever
+constructed), checked key by key with the file and line in every message, and written
+atomically, so an interrupted write never loses the old profile.
 """
 
 from __future__ import annotations
@@ -31,6 +27,7 @@ PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
+MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
 
 
 @dataclass(frozen=True)
@@ -237,17 +234,19 @@ def _suggestion(key: str) -> str:
 # ---------------------------------------------------------------- writing
 
 
-def to_yaml(profile: Profile) -> str:
+def to_yaml(profile: Profile, leave_out: tuple[str, ...] = ()) -> str:
+    """The profile as YAML; keys in `leave_out` are not written (loading gives their defaults)."""
     import yaml
 
     header = "# mpslaunch profile: `mpslaunch config` writes it, `mpslaunch launch` reads it.\n"
-    return header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
+    values = {key: value for key, value in profile.to_dict().items() if key not in leave_out}
+    return header + yaml.safe_dump(values, sort_keys=False)
 
 
-def save(profile: Profile, path: Path) -> None:
+def save(profile: Profile, path: Path, leave_out: tuple[str, ...] = ()) -> None:
     """Write atomically: temp file in the same folder, fsync, rename. The old file survives a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, to_yaml(profile))
+    write_atomically(path, to_yaml(profile, leave_out))
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -300,7 +299,8 @@ def config_dir() -> Path:
 
 
 def profile_path(config_file: str | None = None, profile_name: str | None = None) -> Path:
-    """Where the profile the user means lives (whether or not it exists yet)."""
+    """Where the profile the user means lives (whether or not it exists yet): --config_file PATH,
+    else NAME.yaml (default.yaml) in the config folder."""
     if config_file and profile_name:
         raise MpslaunchError("give either --config_file or --profile, not both")
     if config_file:

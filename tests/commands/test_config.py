@@ -1,7 +1,7 @@
 """`mpslaunch config`: writing, --default, show, interruptions, and the CLI end to end.
 
 The questionnaire runs here through prompt_toolkit pipe input and, once, in a real terminal
-(tmux send-keys / capture-pane); that one test is skipped only when tmux is not installed.
+(tmux send-keys / capture-pane); those tests are skipped only when tmux is not installed.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
     path = tmp_path / "default.yaml"
     path.write_text("devise: mps\n")
     assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0
-    assert "cannot be used as a starting point" in capsys.readouterr().out
+    assert "mpslaunch: warning: the existing profile cannot be used as a starting point" in capsys.readouterr().err
     assert profiles.load(path) == Profile(num_processes=1)
 
 
@@ -159,6 +159,27 @@ def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
     target = tmp_path / "elsewhere" / "mine.yaml"
     assert run_cli("config", "--default", "--config_file", str(target), config_dir=tmp_path).returncode == 0
     assert profiles.load(target) == default_here()
+
+
+def test_cli_says_how_to_use_a_named_profile(tmp_path):
+    done = run_cli("config", "--default", "--profile", "trial", config_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "use it with `mpslaunch launch --profile trial script.py`"
+
+
+def test_a_profile_written_off_a_mac_has_no_mps_keys_and_still_loads(tmp_path):
+    done = run_cli("config", "--default", config_dir=tmp_path)  # this machine is no Mac
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "default.yaml").read_text()
+    assert "device: auto" in written and "mps_" not in written
+    assert profiles.load(tmp_path / "default.yaml") == default_here()
+    shown = run_cli("config", "show", config_dir=tmp_path)
+    assert shown.returncode == 0 and "mps_" not in shown.stdout
+    # A profile from a Mac, with the MPS keys, loads and shows here too.
+    configure.write(Profile(mps_fallback=False), tmp_path / "mac.yaml", M2)
+    assert "mps_fallback: false" in (tmp_path / "mac.yaml").read_text()
+    shown = run_cli("config", "show", "--profile", "mac", config_dir=tmp_path)
+    assert shown.returncode == 0 and "mps_fallback: false" in shown.stdout
 
 
 def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
@@ -234,9 +255,8 @@ def test_questions_in_a_real_terminal(terminal, tmp_path):
     screen = terminal()
     screen.wait_for("Which device should training use?")
     screen.keys("Up", "Enter")  # the list wraps round: cpu is always the last choice
-    if (os.cpu_count() or 1) > 1:
-        screen.wait_for("How many CPU processes")
-        screen.keys("1", "Enter")
+    screen.wait_for("How many CPU processes")  # up to 4 per core: asked even on one core
+    screen.keys("1", "Enter")
     screen.wait_for("several machines?")
     screen.keys("n")
     screen.wait_for("Mixed precision?")
@@ -244,6 +264,34 @@ def test_questions_in_a_real_terminal(terminal, tmp_path):
     text = screen.wait_for("EXIT=")
     assert "EXIT=0" in text and "fp16 not offered" in text
     assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16", num_processes=1)
+
+
+def test_a_wrong_answer_shows_right_under_its_question_in_a_real_terminal(terminal):
+    screen = terminal()
+    screen.wait_for("Which device should training use?")
+    screen.keys("Up", "Enter")
+    screen.wait_for("How many CPU processes")
+    screen.keys("9999", "Enter")
+    lines = screen.wait_for("give a number from 1 to").splitlines()
+    asked = next(i for i, line in enumerate(lines) if "How many CPU processes" in line)
+    assert "give a number from 1 to" in lines[asked + 1]
+
+
+def test_the_rendezvous_choices_say_what_they_mean_in_a_real_terminal(terminal):
+    screen = terminal()
+    screen.wait_for("Which device should training use?")
+    screen.keys("Up", "Enter")
+    screen.wait_for("How many CPU processes")
+    screen.keys("Enter")
+    screen.wait_for("several machines?")
+    screen.keys("y")
+    for question, answer in (("How many machines?", "Enter"), ("rank", "Enter"),
+                             ("Address of the main machine", "10.0.0.1"), ("Port", "Enter")):
+        screen.wait_for(question)
+        screen.keys(answer) if answer == "Enter" else screen.keys(answer, "Enter")
+    text = screen.wait_for("Rendezvous backend?")
+    assert "static: each machine keeps the rank given above" in text
+    assert "c10d: torch gives each machine its rank as it joins" in text
 
 
 def test_ctrl_c_in_a_real_terminal_keeps_the_profile(terminal, tmp_path):

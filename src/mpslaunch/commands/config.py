@@ -1,29 +1,14 @@
-"""Write a profile: the settings `mpslaunch launch` uses when no flag overrides them.
+"""`mpslaunch config`: write a profile (questions or --default), or show the one in force.
 
-  mpslaunch config                    ask a few questions about what applies to this machine
-  mpslaunch config --default          write the default profile, no questions (alias: --yes):
-                                      device auto, one process per NVIDIA GPU (else one)
-  mpslaunch config show               print the profile in force, its path, and what it
-                                      resolves to on this machine
-  --profile NAME / --config_file PATH choose which profile (default: default.yaml in the
-                                      config folder, $MPSLAUNCH_CONFIG_DIR if set)
-
-The questions offer only what `mpslaunch launch` accepts on this machine (devices it has,
-precisions this Mac or GPU and torch can run, several processes only off mps) and say why
-anything is left out. The default profile says `device: auto`, which picks mps on Apple silicon,
-then cuda, then cpu; `config show` prints what auto becomes here.
-
-The questions need a terminal: with stdin not a terminal (CI, a pipe) `mpslaunch config` stops
-at once and asks for --default. Ctrl-C during the questions exits 130; end of input (Ctrl-D at
-a typed answer, or closed input) exits 2. Either way nothing is written and an existing profile
-stays as it was, byte for byte. The profile is
-written atomically (temp file, fsync, rename).
+Interrupted questions write nothing (exit 130 for Ctrl-C, 2 for end of input); a profile is
+only ever replaced whole, atomically (profile.save).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -35,17 +20,35 @@ from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, choose_device, default_processes, resolve
 from mpslaunch.profile import Profile
 
+HELP = """\
+Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
+
+With no options it asks a few questions and offers only what this machine can run,
+saying why anything is left out. --default writes the default profile without
+questions: device auto, which picks mps on Apple silicon, then cuda, then cpu.
+`config show` prints the profile in force, where it is, and what it means here.
+
+Profiles live in the config folder ($MPSLAUNCH_CONFIG_DIR when set): default.yaml,
+which `launch` reads unless told otherwise, and NAME.yaml for --profile NAME.
+Ctrl-C during the questions writes nothing.
+
+examples:
+  mpslaunch config                   answer the questions, write default.yaml
+  mpslaunch config --profile cpu4    write a second profile, cpu4.yaml
+  mpslaunch config show              print the profile in force
+"""
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_END_OF_INPUT = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=("show",),
-                        help="show: print the profile in force instead of writing one")
+    parser.add_argument("action", nargs="?", choices=("show",), metavar="show",
+                        help="print the profile in force instead of writing one")
     parser.add_argument("--default", "--yes", "-y", dest="default", action="store_true",
-                        help="write the default profile without asking (device auto)")
-    add_profile_options(parser, profile_help="named profile in the config folder",
-                        file_help="profile file to write or show")
+                        help="write the default profile without asking questions")
+    which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
+    add_profile_options(which, profile_help="the profile NAME.yaml in the config folder",
+                        file_help="a profile file anywhere")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,15 +62,24 @@ def main(args: argparse.Namespace) -> int:
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if args.default:
         machine = machine_probe.probe()
-        return write(default_profile(machine), path, machine)
+        return write(default_profile(machine), path, machine, how_to_use(args))
     if not sys.stdin.isatty():
         raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
                              "`mpslaunch config --default` to write the default profile, or run "
                              "`mpslaunch config` in a terminal")
-    return interactive(path, machine_probe.probe())
+    return interactive(path, machine_probe.probe(), how_to_use(args))
 
 
-def interactive(path: Path, machine: Machine) -> int:
+def how_to_use(args: argparse.Namespace) -> str:
+    """The line after a written profile: how `launch` finds it."""
+    if args.config_file:
+        return f"use it with `mpslaunch launch --config_file {shlex.quote(args.config_file)} script.py`"
+    if args.profile:
+        return f"use it with `mpslaunch launch --profile {args.profile} script.py`"
+    return "`mpslaunch launch script.py` uses it unless --profile or --config_file names another"
+
+
+def interactive(path: Path, machine: Machine, use: str = "") -> int:
     """Ask, then write. Reads and draws through the current prompt_toolkit session (tests swap it)."""
     from mpslaunch.commands import questions
 
@@ -78,7 +90,7 @@ def interactive(path: Path, machine: Machine) -> int:
         how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"
         print(f"mpslaunch: config {how}: nothing written{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_END_OF_INPUT
-    return write(answers, path, machine)
+    return write(answers, path, machine, use)
 
 
 def default_profile(machine: Machine, **choices) -> Profile:
@@ -90,16 +102,18 @@ def default_profile(machine: Machine, **choices) -> Profile:
     return profile
 
 
-def write(profile: Profile, path: Path, machine: Machine) -> int:
+def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
     replaced = path.exists()
     try:
-        profiles.save(profile, path)
+        profiles.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
         raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
     print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
-    print(profiles.to_yaml(profile))
+    print(profiles.to_yaml(profile, unused_keys(profile, machine)))
     print(on_this_machine(profile, machine))
+    if use:
+        print(use)
     return 0
 
 
@@ -110,7 +124,7 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine) ->
         head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
     else:
         head = f"# {path}"
-    body = profiles.to_yaml(profile).split("\n", 1)[1]  # drop to_yaml's own comment line
+    body = profiles.to_yaml(profile, unused_keys(profile, machine)).split("\n", 1)[1]  # no comment line
     return f"{head}\n{body}\n{on_this_machine(profile, machine)}"
 
 
@@ -120,8 +134,15 @@ def on_this_machine(profile: Profile, machine: Machine) -> str:
         plan = resolve(profile, LaunchRequest(target="script.py"), machine, os.environ)
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
-    return (f"on this machine: device {profile.device} -> {plan.reason}; "
-            f"precision {plan.mixed_precision}; {plan.processes_text()}")
+    return f"on this machine: device {profile.device} -> {plan.choice()}"
+
+
+def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:
+    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults."""
+    if machine.is_mac:
+        return ()
+    default = Profile()
+    return tuple(key for key in profiles.MPS_KEYS if getattr(profile, key) == getattr(default, key))
 
 
 def _existing(path: Path) -> Profile | None:
@@ -131,6 +152,6 @@ def _existing(path: Path) -> Profile | None:
     try:
         return profiles.load(path)
     except MpslaunchError as error:
-        print(f"note: the existing profile cannot be used as a starting point ({error}); "
-              "answering the questions replaces it")
+        print(f"mpslaunch: warning: the existing profile cannot be used as a starting point "
+              f"({error}); answering the questions replaces it", file=sys.stderr)
         return None

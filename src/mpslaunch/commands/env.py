@@ -1,16 +1,7 @@
-"""Print the facts a bug report needs, as a fenced Markdown block to paste as is (or --json).
+"""`mpslaunch env`: the facts a bug report needs, as a Markdown block (or JSON).
 
-It lists: mpslaunch, Python, the platform, macOS version and chip where present, the versions
-of torch, torchvision and accelerate, whether MPS is built and whether it works, the CUDA
-devices torch sees, the relevant environment variables (PYTORCH_*, MPSLAUNCH_*, ACCELERATE_*,
-CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS), the profile in force, and what `mpslaunch launch` would
-choose with it on this machine.
-
-"MPS works" is proven, not assumed: a separate Python process (this one never imports torch)
-allocates a small tensor on mps, multiplies it and synchronizes, within a time limit. The MPS
-line reads: not built (no MPS in this torch: every Linux and Windows build), built, unavailable
-(no usable Metal device, e.g. a sandbox or a CI runner), works, fails: <error>, or timed out.
-The same process lists the CUDA devices torch sees, with their compute capability.
+"MPS works" is proven, not assumed: a separate Python (this one never imports torch) runs a tiny
+matmul on mps within a time limit, and lists the CUDA devices torch sees.
 """
 
 from __future__ import annotations
@@ -32,6 +23,18 @@ from mpslaunch.machine import Machine
 from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 
+HELP = """\
+Print the facts a bug report needs, as a Markdown block to paste as it is: the
+versions of mpslaunch, Python, torch, torchvision and accelerate, the platform (the
+macOS version and chip on a Mac), whether MPS works (proven by a tiny computation in
+a separate Python), the CUDA devices torch sees, the relevant environment variables
+(secrets hidden), the profile in force and what `mpslaunch launch` would choose.
+
+examples:
+  mpslaunch env
+  mpslaunch env --json
+  mpslaunch env --profile cpu4
+"""
 CHECK_TIMEOUT_SECONDS = 20.0
 ENV_PREFIXES = ("PYTORCH_", "MPSLAUNCH_", "ACCELERATE_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
@@ -77,11 +80,13 @@ print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the facts as JSON instead")
-    add_profile_options(parser, profile_help="report this named profile",
-                        file_help="report this profile file")
+    parser.add_argument("--json", action="store_true",
+                        help="print the facts as JSON instead of a Markdown block")
     parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT_SECONDS, metavar="SECONDS",
-                        help=f"time limit for the torch/MPS check (default {CHECK_TIMEOUT_SECONDS:g})")
+                        help="time limit for the torch and MPS check (default: %(default)g)")
+    which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
+    add_profile_options(which, profile_help="report the profile NAME.yaml in the config folder",
+                        file_help="report this profile file")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -186,9 +191,7 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
         return {"profile_path": None, "profile": f"unreadable: {error}", "launcher_choice": "none: no profile"}
     values = profile.to_dict() if path else "none: defaults"
     try:
-        plan = resolve(profile, LaunchRequest(target="script.py"), machine, environ)
-        processes = f"{plan.num_processes} process(es) x {plan.num_machines} machine(s)"
-        choice = f"{plan.reason}; precision {plan.mixed_precision}; {processes}"
+        choice = resolve(profile, LaunchRequest(target="script.py"), machine, environ).choice()
     except MpslaunchError as error:
         choice = f"refuses: {error}"
     return {"profile_path": str(path) if path else None, "profile": values, "launcher_choice": choice}

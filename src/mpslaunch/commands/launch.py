@@ -1,9 +1,5 @@
-"""`mpslaunch launch [options] script.py [script args...]` (or `-m module`).
-
-Parse the flags into a LaunchRequest, load the profile in force, probe the machine, resolve the
-plan, then print it (--dry-run) or run it. Everything after the script name belongs to the script,
-even arguments that look like launcher options. This module's imports stay light: the
-single-process path never imports torch.
+"""`mpslaunch launch`: flags -> LaunchRequest, the target checked, the plan resolved, then
+printed (--dry-run) or run. Imports stay light: the one-process path never imports torch.
 """
 
 from __future__ import annotations
@@ -22,6 +18,19 @@ from mpslaunch.commands.options import add_option, add_profile_options
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
+HELP = """\
+Run a training script on the device this machine should use: mps on Apple silicon,
+cuda on NVIDIA GPUs, cpu otherwise, unless the profile or an option says otherwise.
+The script learns the plan from environment variables, so a script written for
+Hugging Face Accelerate (Accelerator()) follows it unchanged and a plain PyTorch
+script reads MPSLAUNCH_DEVICE. Several processes (cpu or cuda) and several machines
+run through torch.distributed.run. Everything after the script belongs to the script.
+
+examples:
+  mpslaunch launch train.py --epochs 3
+  mpslaunch launch --dry-run train.py            print the plan, run nothing
+  mpslaunch launch --cpu --num_processes 2 train.py
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,8 @@
-"""run(plan): the only part with side effects. Starts the child, forwards signals, returns its code.
+"""run_child: one process, in a session of its own, with signals forwarded and a grace period.
 
-The child gets a session of its own, so a Ctrl-C in the terminal reaches it once (through us)
-rather than twice, and when it ends we can kill whatever it left behind (DataLoader workers) by
-its process group. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and start a grace period
-after which the child's whole group is killed; SIGUSR1 and SIGUSR2 are only forwarded.
-On Linux the child also dies if the launcher itself is killed (PR_SET_PDEATHSIG).
-
-Exit code: the child's own; 128+N when signal N killed it (the shell's convention).
+Its own session means a terminal's Ctrl-C reaches the child once (through us), and whatever it
+leaves in its process group (DataLoader workers) can be killed when it ends. On Linux the child
+also dies with the launcher (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
