@@ -176,7 +176,7 @@ def test_child_exit_code_passes_through(tmp_path, body, expected):
     (["launch", "--mixed_precision", "fp16", "--cpu", "{script}"], "bf16 on cpu"),
     (["launch", "--profile", "nope", "{script}"], "no profile at"),
     (["launch", "--profile", "../etc", "{script}"], "plain name"),
-    (["launch"], "required: script"),
+    (["launch"], "no script given"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expected):
     script = write_script(tmp_path, "ok.py", "raise SystemExit('must not run')")

@@ -1,8 +1,10 @@
 """Write a profile: the settings `mpslaunch launch` uses when no flag overrides them.
 
   mpslaunch config                    ask a few questions about what applies to this machine
-  mpslaunch config --default          write the default profile, no questions (alias: --yes):
-                                      device auto, one process per NVIDIA GPU (else one)
+  mpslaunch config --default          write the default profile, no questions (also: --yes,
+                                      `config default`): device auto, one process per NVIDIA
+                                      GPU (else one), no mixed precision; --device,
+                                      --mixed_precision and --num_processes change those
   mpslaunch config show               print the profile in force, its path, and what it
                                       resolves to on this machine
   --profile NAME / --config_file PATH choose which profile (default: default.yaml in the
@@ -25,30 +27,46 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.commands.options import add_profile_options
-from mpslaunch.plan import LaunchRequest, choose_device, default_processes, resolve
+from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_END_OF_INPUT = 2
 
 
+DEFAULT_CHOICES = ("device", "mixed_precision", "num_processes")  # what --default may be told
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=("show",),
-                        help="show: print the profile in force instead of writing one")
+    parser.add_argument("action", nargs="?", choices=("show", "default"),
+                        help="show: print the profile in force instead of writing one; "
+                             "default: the same as --default")
     parser.add_argument("--default", "--yes", "-y", dest="default", action="store_true",
                         help="write the default profile without asking (device auto)")
     add_profile_options(parser, profile_help="named profile in the config folder",
                         file_help="profile file to write or show")
+    chosen = parser.add_argument_group("with --default (as `accelerate config default` takes them)")
+    chosen.add_argument("--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
+    add_option(chosen, "--mixed_precision", choices=profiles.PRECISIONS, help="no (default), fp16 or bf16")
+    add_option(chosen, "--num_processes", type=int, metavar="N",
+               help="processes on this machine (default: one per NVIDIA GPU, else 1)")
 
 
 def main(args: argparse.Namespace) -> int:
+    writes_default = args.default or args.action == "default"
+    choices = {key: getattr(args, key, None) for key in DEFAULT_CHOICES}
+    choices = {key: value for key, value in choices.items() if value is not None}
+    if choices and not writes_default:
+        raise MpslaunchError(f"--{next(iter(choices))} goes with `config --default`; the questions "
+                             "ask it (`mpslaunch config`), `config show` only prints")
     if args.action == "show":
         if args.default:
             raise MpslaunchError("`config show` prints a profile and `--default` writes one; give one of them")
@@ -57,9 +75,9 @@ def main(args: argparse.Namespace) -> int:
     path = profiles.profile_path(args.config_file, args.profile)
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
-    if args.default:
+    if writes_default:
         machine = machine_probe.probe()
-        return write(default_profile(machine), path, machine)
+        return write(default_profile(machine, os.environ, **choices), path, machine)
     if not sys.stdin.isatty():
         raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
                              "`mpslaunch config --default` to write the default profile, or run "
@@ -81,13 +99,11 @@ def interactive(path: Path, machine: Machine) -> int:
     return write(answers, path, machine)
 
 
-def default_profile(machine: Machine, **choices) -> Profile:
-    """--default: the choices given, with num_processes written as auto means it here."""
-    profile = Profile(**choices)
-    if profile.num_processes is None:
-        device, _ = choose_device(profile.device, LaunchRequest(target="script.py"), machine)
-        profile = profile.replace(num_processes=default_processes(device, machine))
-    return profile
+def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> Profile:
+    """--default: the defaults and the choices given, checked as `launch` checks them, with
+    num_processes written out as auto means it here (one per NVIDIA GPU, else 1)."""
+    request = LaunchRequest(target="script.py", **choices)
+    return resolve(Profile(), request, machine, environ).settings
 
 
 def write(profile: Profile, path: Path, machine: Machine) -> int:

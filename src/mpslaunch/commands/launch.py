@@ -52,11 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line before the run")
     parser.add_argument("-m", "--module", action="store_true",
                         help="the target is a module name, run as python -m")
-    parser.add_argument("script", help="the script (or module, with -m) to run")
+    parser.add_argument("script", nargs="?", help="the script (or module, with -m) to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.script is None:
+        raise MpslaunchError("no script given: run `mpslaunch launch [options] script.py [script "
+                             "args]`, or -m and a module name (see `mpslaunch launch --help`)")
     request = request_from_args(args)
     check_target(request)
     if not 0 <= args.grace_period <= threading.TIMEOUT_MAX:  # also refuses nan
