@@ -18,21 +18,23 @@ from pathlib import Path
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.commands.accelerate_options import add_refused
 from mpslaunch.commands.options import add_option, add_profile_options
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    def option(name: str, **kwargs) -> None:
-        add_option(parser, name, **kwargs)
-
     plan = parser.add_argument_group("what to run on")
-    option("--cpu", action="store_true", help="run on the CPU whatever the machine has")
-    plan.add_argument("--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
-    option("--mixed_precision", choices=profiles.PRECISIONS, help="no, fp16 or bf16")
-    option("--num_processes", type=int, metavar="N", help="processes on this machine (default: one per NVIDIA GPU, else 1)")
+    add_option(plan, "--cpu", action="store_true", help="run on the CPU whatever the machine has")
+    add_option(plan, "--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
+    add_option(plan, "--mixed_precision", choices=profiles.PRECISIONS, help="no, fp16 or bf16")
+    add_option(plan, "--num_processes", type=int, metavar="N",
+               help="processes on this machine (default: one per NVIDIA GPU, else 1)")
+    add_option(plan, "--gpu_ids", metavar="IDS",
+               help="NVIDIA GPUs to use, such as 0,1 (CUDA_VISIBLE_DEVICES for the ranks)")
+    add_option(plan, "--multi_gpu", action="store_true",
+               help="check that the plan is several GPUs (it is by default where there are)")
     multi = parser.add_argument_group("several machines (through torch.distributed.run)")
     for name, kind, text in (
         ("--num_machines", int, "how many machines take part"),
@@ -44,14 +46,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_option(multi, name, type=kind, metavar=name.split("_")[-1].upper(), help=text)
     add_option(multi, "--rdzv_backend", choices=profiles.RDZV_BACKENDS,
                help="rendezvous: static (default) or c10d")
-    option("--log_dir", metavar="DIR", help="also write each rank's output to DIR")
-    add_profile_options(parser)
-    option("--grace_period", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
-           help="after Ctrl-C or SIGTERM, how long the script may take to stop (default 30)")
-    option("--dry_run", action="store_true", help="print the plan and run nothing")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no summary line before the run")
+    add_option(multi, "--monitor_interval", type=float, metavar="SECONDS",
+               help="how often torch checks the ranks (default 0.1)")
+    accelerate = parser.add_argument_group("for the script's Accelerator (as accelerate launch sets them)")
+    add_option(accelerate, "--dynamo_backend", choices=profiles.DYNAMO_BACKENDS, metavar="BACKEND",
+               help=f"torch.compile backend: {', '.join(profiles.DYNAMO_BACKENDS)} (default no)")
+    add_option(accelerate, "--dynamo_mode", choices=profiles.DYNAMO_MODES, metavar="MODE",
+               help=f"torch.compile mode: {', '.join(profiles.DYNAMO_MODES)}")
+    for name, text in (("--dynamo_use_fullgraph", "compile the whole graph, no graph breaks"),
+                       ("--dynamo_use_dynamic", "trace dynamic shapes"),
+                       ("--dynamo_use_regional_compilation", "compile repeated blocks once"),
+                       ("--debug", "ACCELERATE_DEBUG_MODE: check collective operations")):
+        add_option(accelerate, name, action="store_true", default=None, help=text)
+    add_option(accelerate, "--num_cpu_threads_per_process", type=int, metavar="N",
+               help="threads each process uses (OMP_NUM_THREADS)")
+    output = parser.add_argument_group("output and profile")
+    add_option(output, "--log_dir", metavar="DIR", help="also write each rank's output to DIR")
+    output.add_argument("-t", "--tee", metavar="0-3",
+                        help="accepted for Accelerate: every rank's output always reaches the console")
+    output.add_argument("-q", "--quiet", action="store_true", help="no summary line before the run")
+    add_profile_options(output)
+    add_option(parser, "--grace_period", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
+               help="after Ctrl-C or SIGTERM, how long the script may take to stop (default 30)")
+    add_option(parser, "--dry_run", action="store_true", help="print the plan and run nothing")
     parser.add_argument("-m", "--module", action="store_true",
                         help="the target is a module name, run as python -m")
+    add_option(parser, "--no_python", action="store_true",
+               help="run the target itself (an executable), not with python")
+    add_refused(parser)
     parser.add_argument("script", nargs="?", help="the script (or module, with -m) to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -93,6 +115,18 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         rdzv_backend=args.rdzv_backend,
         max_restarts=args.max_restarts,
         log_dir=args.log_dir,
+        gpu_ids=args.gpu_ids,
+        dynamo_backend=args.dynamo_backend,
+        dynamo_mode=args.dynamo_mode,
+        dynamo_use_fullgraph=args.dynamo_use_fullgraph,
+        dynamo_use_dynamic=args.dynamo_use_dynamic,
+        dynamo_use_regional_compilation=args.dynamo_use_regional_compilation,
+        debug=args.debug,
+        multi_gpu=args.multi_gpu,
+        num_cpu_threads_per_process=args.num_cpu_threads_per_process,
+        tee=args.tee,
+        monitor_interval=args.monitor_interval,
+        no_python=args.no_python,
     )
 
 
@@ -118,8 +152,19 @@ def execute(plan: LaunchPlan, grace_seconds: float) -> int:
 def check_target(request: LaunchRequest) -> None:
     if request.module:
         _check_module(request.target)
+    elif request.no_python:
+        _check_executable(request.target)
     else:
         _check_script(Path(request.target))
+
+
+def _check_executable(name: str) -> None:
+    import shutil  # only with --no_python
+
+    if shutil.which(name) is None:
+        raise MpslaunchError(f"{name} is not an executable file (--no_python runs it directly, "
+                             "looking on PATH when the name has no '/'); check the path and its "
+                             "permissions, or drop --no_python")
 
 
 def _check_script(path: Path) -> None:

@@ -26,6 +26,9 @@ from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile,
 
 _PROBE = LaunchRequest(target="script.py")  # resolve() needs a target; the questions never run it
 DEFAULT_PORT = 29500  # torch.distributed.run's own default master port
+# Accelerate's own settings are not asked about: an existing profile's values are kept.
+KEPT = ("gpu_ids", "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+        "dynamo_use_regional_compilation", "debug")
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ def ask_profile(machine: Machine, start: Profile | None = None,
                         labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"})
     used, _ = device_in_use(device, machine)
     counts = process_counts(used, machine)
-    profile = Profile(device=device, num_processes=counts[0])  # written out, never left to auto
+    profile = Profile(device=device, num_processes=counts[0],  # written out, never left to auto
+                      **{key: getattr(start, key) for key in KEPT})
     if len(counts) > 1:
         what = "GPU" if used == "cuda" else "CPU"
         # A new profile uses every GPU (one process each); on cpu one process is the safe start.

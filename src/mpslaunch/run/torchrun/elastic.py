@@ -68,13 +68,13 @@ def describe(plan: LaunchPlan) -> str:
     rendezvous = rendezvous_for(plan, run_id="mpslaunch-<new for each run>")
     port_text = FREE_PORT if rendezvous.local and rendezvous.port == 0 else None
     argv = arguments(plan, rendezvous, port_text, plan.log_dir)
-    python = plan.command[0]
+    python = sys.executable if plan.no_python else plan.command[0]  # torchrun runs in the launcher
     lines = [
         plan.describe(),
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
         f"  {LINE_PREFIX_VARIABLE}={shlex.quote(LINE_PREFIX)} "
         + shlex.join([python, "-m", "torch.distributed.run", *argv]),
-        "  each rank runs: " + shlex.join([python, "-u", *plan.command[1:]]),
+        "  each rank runs: " + shlex.join(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
         *(f"  {key}={value}" for key, value in sorted(_added(plan, rendezvous).items())),
