@@ -159,9 +159,14 @@ def _cut(text: str, limit: int = 80) -> str:
 
 
 def load(path: Path) -> Profile:
-    """Read and check one profile file. Every problem is an MpslaunchError naming file and line."""
+    """Read and check one profile file. Every problem is an MpslaunchError naming file and line.
+    A file that `accelerate config` wrote is read as the profile it means (accelerate_config)."""
     text = _read_text(path)
     document = _parse(text, path)
+    if _written_by_accelerate(document):
+        from mpslaunch import accelerate_config  # it imports this module
+
+        return accelerate_config.translate(_construct(document, path), path).profile
     values = {}
     for key_node, value_node in document.value:
         key = key_node.value
@@ -181,6 +186,18 @@ def load(path: Path) -> Profile:
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
     return profile
+
+
+def read_accelerate(path: Path) -> dict | None:
+    """The settings in the file at `path` when Accelerate wrote it; None for an mpslaunch profile."""
+    document = _parse(_read_text(path), path)
+    return _construct(document, path) if _written_by_accelerate(document) else None
+
+
+def _written_by_accelerate(document: yaml.MappingNode) -> bool:
+    from mpslaunch.accelerate_config import is_accelerate_config
+
+    return is_accelerate_config(key_node.value for key_node, _ in document.value)
 
 
 def _read_text(path: Path) -> str:

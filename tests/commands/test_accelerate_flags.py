@@ -28,7 +28,7 @@ def test_every_accelerate_launch_option_is_taken_or_refused():
     (["--use_fsdp"], "Accelerator(fsdp_plugin="),
     (["--zero-stage", "2"], "Accelerator(deepspeed_plugin="),
     (["--tpu"], "use `accelerate launch` on a TPU machine"),
-    (["--fp8_backend", "te"], "--mixed_precision is no, fp16 or bf16"),
+    (["--fp8_backend", "te"], "mixed precision is no, fp16 or bf16"),
     (["--mpirun_hostfile", "hosts"], "--cpu --num_processes N"),
 ])
 def test_accelerate_options_mpslaunch_does_not_take_say_what_to_do(tmp_path, args, words):

@@ -15,12 +15,14 @@ import sys
 import threading
 from pathlib import Path
 
+from mpslaunch import accelerate_config
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.accelerate_options import add_refused
 from mpslaunch.commands.options import add_option, add_profile_options
-from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
+from mpslaunch.machine import Machine
+from mpslaunch.plan import LaunchPlan, LaunchRequest, mps_problem, resolve
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
 
@@ -87,8 +89,12 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.grace_period <= threading.TIMEOUT_MAX:  # also refuses nan
         raise MpslaunchError(f"--grace_period must be from 0 to {threading.TIMEOUT_MAX:.0f} "
                              f"seconds, not {args.grace_period}")
-    profile, _ = profiles.load_active(args.config_file, args.profile)
-    plan = resolve(profile, request, machine_probe.probe(), os.environ)
+    profile, path = profiles.load_active(args.config_file, args.profile)
+    machine = machine_probe.probe()
+    plan = resolve(profile, request, machine, os.environ)
+    note = accelerate_note(path, machine) if path and not args.quiet else None
+    if note:
+        print(note, file=sys.stderr)
     if args.dry_run:
         print(describe(plan))
         return 0
@@ -97,6 +103,19 @@ def main(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(plan.summary(), file=sys.stderr, flush=True)
     return execute(plan, args.grace_period)
+
+
+def accelerate_note(path: Path, machine: Machine) -> str | None:
+    """One line when the profile file is an Accelerate config, read as the profile it means."""
+    translation = accelerate_config.load(path)
+    if translation is None:
+        return None
+    note = f"mpslaunch: note: {path} was read as an Accelerate config file"
+    if translation.basic_cpu and mps_problem(machine) is None:
+        note += ("; its use_cpu: true is what `accelerate config default` writes on every Mac "
+                 "without asking, so this runs on cpu as it says: give --device mps to use the "
+                 "GPU, or import it with `mpslaunch config --from-accelerate`")
+    return note
 
 
 def request_from_args(args: argparse.Namespace) -> LaunchRequest:

@@ -140,6 +140,13 @@ def ask_profile(machine: Machine, start: Profile | None = None,
     return profile
 
 
+def keep_mps(question: str) -> bool:
+    """Yes (the default) keeps the Mac's GPU; raises KeyboardInterrupt or EOFError like the rest."""
+    import questionary
+
+    return questionary.confirm(question, default=True).unsafe_ask()
+
+
 def _ask_machines(ask: "_Asker", profile: Profile, start: Profile) -> Profile:
     count = ask.number("How many machines?", max(start.num_machines, 2), 2, None)
     rank = ask.number(f"This machine's rank (0 is the main machine, up to {count - 1})?",
