@@ -339,3 +339,11 @@ def test_bad_accelerate_option_values_are_refused(flags, expected):
 def test_no_python_runs_the_target_itself():
     plan = plan_for("linux_cpu", no_python=True)
     assert plan.command == ("train.py", "--lr", "0.1")
+
+
+def test_options_for_several_processes_are_named_with_one():
+    plan = plan_for("linux_cpu", max_restarts=2, rdzv_backend="c10d", main_process_port=29500)
+    assert plan.warnings == ("--max_restarts, --rdzv_backend, --main_process_port have no effect "
+                             "with one process",)
+    assert plan_for("linux_cpu", cpu=True, num_processes=2, max_restarts=2).warnings == ()
+    assert plan_for("linux_cpu", Profile(max_restarts=3)).warnings == ()  # a profile's: not given here

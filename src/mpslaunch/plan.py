@@ -90,7 +90,8 @@ class LaunchPlan:
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
-        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {self.processes_text()}"
+        logs = f"; output also in {self.log_dir}" if self.log_dir else ""
+        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {self.processes_text()}{logs}"
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -107,6 +108,9 @@ class LaunchPlan:
             "environment added:",
             *(f"  {key}={value}" for key, value in sorted(self.env.items())),
         ]
+        if self.log_dir and self.engine == "single":
+            lines.append(f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
+                         "stdout.log and stderr.log")
         lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
@@ -137,7 +141,7 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         env=env,
         settings=settings,
         log_dir=request.log_dir,
-        warnings=_warnings(settings, device, machine) + _no_effect(request, settings, device),
+        warnings=_warnings(settings, device, machine) + _no_effect(request, settings, device, multi),
         one_per_gpu=one_per_gpu and device == "cuda",
         accelerate_notes=accelerate_notes(request, settings, device, env),
         monitor_interval=request.monitor_interval,
@@ -499,11 +503,20 @@ def accelerate_notes(request: LaunchRequest, settings: Profile, device: str,
     return tuple(notes)
 
 
-def _no_effect(request: LaunchRequest, settings: Profile, device: str) -> tuple[str, ...]:
+# What only torch.distributed.run uses: nothing to do with one process.
+SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "main_process_port",
+                           "machine_rank", "monitor_interval")
+
+
+def _no_effect(request: LaunchRequest, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
     """Options given that change nothing in this plan, named rather than silently dropped."""
     warnings = []
     if settings.gpu_ids not in (None, "all") and device != "cuda":
         warnings.append(f"{_source(request, 'gpu_ids')} {settings.gpu_ids} has no effect on {device}")
+    idle = [f"--{key}" for key in SEVERAL_PROCESS_OPTIONS if getattr(request, key) is not None]
+    if idle and not multi:
+        warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
+                        "one process")
     return tuple(warnings)
 
 

@@ -53,6 +53,7 @@ print(json.dumps({"dynamo": accelerator.state.dynamo_plugin.backend.value, "debu
                    "--num_cpu_threads_per_process", "1", "-t", "3", "--monitor-interval", "2", str(script))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"dynamo": "EAGER", "debug": True, "threads": 1, "omp": "1"}
+    assert "mpslaunch: warning: --monitor_interval has no effect with one process" in done.stderr
 
 
 def test_no_python_runs_an_executable_on_every_path(tmp_path):

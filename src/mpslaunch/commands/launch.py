@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(accelerate, "--num_cpu_threads_per_process", type=int, metavar="N",
                help="threads each process uses (OMP_NUM_THREADS)")
     output = parser.add_argument_group("output and profile")
-    add_option(output, "--log_dir", metavar="DIR", help="also write each rank's output to DIR")
+    add_option(output, "--log_dir", metavar="DIR",
+               help="also write the output (each rank's, with several) to files in DIR")
     output.add_argument("-t", "--tee", metavar="0-3",
                         help="accepted for Accelerate: every rank's output always reaches the console")
     output.add_argument("-q", "--quiet", action="store_true", help="no summary line before the run")
@@ -159,7 +160,7 @@ def describe(plan: LaunchPlan) -> str:
 
 def execute(plan: LaunchPlan, grace_seconds: float) -> int:
     if plan.engine == "single":
-        return run_child(plan.command, plan.env, grace_seconds)
+        return run_child(plan.command, plan.env, grace_seconds, plan.log_dir)
     from mpslaunch.run.torchrun import elastic as torchrun
 
     return torchrun.run(plan, grace_seconds)

@@ -5,6 +5,7 @@ rather than twice, and when it ends we can kill whatever it left behind (DataLoa
 its process group. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and start a grace period
 after which the child's whole group is killed; SIGUSR1 and SIGUSR2 are only forwarded.
 On Linux the child also dies if the launcher itself is killed (PR_SET_PDEATHSIG).
+With --log_dir its output is also copied to files (run/tee.py).
 
 Exit code: the child's own; 128+N when signal N killed it (the shell's convention).
 """
@@ -19,24 +20,31 @@ from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.run.processes import FORWARDED_SIGNALS, STOPPING_SIGNALS, exit_code, kill_group, linux_prctl
+from mpslaunch.run.tee import Tee
 
 DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS) -> int:
-    env = {**os.environ, **env_additions}
+              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
+    tee = Tee(log_dir) if log_dir else None
+    env = {**os.environ, **(tee.environment if tee else {}), **env_additions}
     supervisor = _Supervisor(grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with _SignalHandlers(supervisor.forward):
         try:
             child = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                     preexec_fn=_parent_death_signal())
+                                     preexec_fn=_parent_death_signal(),
+                                     **(tee.popen_streams if tee else {}))
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
         supervisor.attach(child)
+        if tee:
+            tee.start(child)
         returncode = child.wait()
     supervisor.clean_up()
+    if tee:
+        tee.finish()
     return exit_code(returncode)
 
 
