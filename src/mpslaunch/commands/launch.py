@@ -161,6 +161,10 @@ def describe(plan: LaunchPlan) -> str:
 def execute(plan: LaunchPlan, grace_seconds: float) -> int:
     if plan.engine == "single":
         return run_child(plan.command, plan.env, grace_seconds, plan.log_dir)
+    if threading.current_thread() is not threading.main_thread():
+        raise MpslaunchError("several processes of a script are started from the main thread "
+                             "only (stopping them needs its signal handlers); call from the main "
+                             "thread, or run one process here")
     from mpslaunch.run.torchrun import elastic as torchrun
 
     return torchrun.run(plan, grace_seconds)

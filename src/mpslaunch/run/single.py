@@ -95,8 +95,11 @@ class _SignalHandlers:
         self.previous: dict[int, object] = {}
 
     def __enter__(self):
-        for signum in FORWARDED_SIGNALS:
-            self.previous[signum] = signal.signal(signum, self.handler)
+        # Only the main thread may handle signals (mpslaunch.launch from a thread): there the
+        # signals go to the caller, and the child is still stopped with its group at the end.
+        if threading.current_thread() is threading.main_thread():
+            for signum in FORWARDED_SIGNALS:
+                self.previous[signum] = signal.signal(signum, self.handler)
         return self
 
     def __exit__(self, *_exc):
