@@ -85,9 +85,11 @@ class _Refuse(argparse.Action):
 
 
 def add_refused(parser: argparse.ArgumentParser) -> None:
-    """Register every refused option, in its underscore and dash spellings."""
-    for why, switches, valued in REFUSED:
+    """Register every refused option, in its underscore and dash spellings; one argparse action
+    per kind (few actions: the launch command builds this parser on every start)."""
+    for number, (why, switches, valued) in enumerate(REFUSED):
         for names, nargs in ((switches, 0), (valued, None)):
-            for name in names:
-                parser.add_argument(name, name.replace("_", "-"), action=_Refuse, why=why,
-                                    nargs=nargs, dest=f"refused{name}")
+            if names:
+                spellings = [spelling for name in names for spelling in (name, name.replace("_", "-"))]
+                parser.add_argument(*spellings, action=_Refuse, why=why, nargs=nargs,
+                                    dest=f"refused_{number}_{nargs}")

@@ -7,6 +7,9 @@
                                       --mixed_precision and --num_processes change those
   mpslaunch config show               print the profile in force, its path, and what it
                                       resolves to on this machine
+  mpslaunch config --from-accelerate [PATH]
+                                      write the profile an Accelerate config file means
+                                      (default: Accelerate's own default config)
   --profile NAME / --config_file PATH choose which profile (default: default.yaml in the
                                       config folder, $MPSLAUNCH_CONFIG_DIR if set)
 
