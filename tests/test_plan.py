@@ -347,3 +347,9 @@ def test_options_for_several_processes_are_named_with_one():
                              "with one process",)
     assert plan_for("linux_cpu", cpu=True, num_processes=2, max_restarts=2).warnings == ()
     assert plan_for("linux_cpu", Profile(max_restarts=3)).warnings == ()  # a profile's: not given here
+
+
+def test_num_processes_per_machine_is_pointed_out_to_accelerate_users():
+    plan = plan_for("linux_8gpu", num_processes=8, num_machines=2, main_process_ip="10.0.0.1")
+    assert plan.warnings == ("--num_processes 8 counts this machine's processes (Accelerate's "
+                             "counts every machine's): 16 in all",)

@@ -517,6 +517,12 @@ def _no_effect(request: LaunchRequest, settings: Profile, device: str, multi: bo
     if idle and not multi:
         warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
                         "one process")
+    if request.num_processes is not None and settings.num_machines > 1:
+        # Accelerate's --num_processes counts every machine's processes; an Accelerate habit here
+        # would start num_machines times too many.
+        total = request.num_processes * settings.num_machines
+        warnings.append(f"--num_processes {request.num_processes} counts this machine's processes "
+                        f"(Accelerate's counts every machine's): {total} in all")
     return tuple(warnings)
 
 
