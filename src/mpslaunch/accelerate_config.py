@@ -24,10 +24,14 @@ MARKERS = ("compute_environment", "distributed_type")
 _PLUGIN = ("mpslaunch starts plain data-parallel processes; give Accelerator() its {what} in the "
            "script ({how}), or run it with `accelerate launch`")
 WAYS = {
-    "DeepSpeed": _PLUGIN.format(what="DeepSpeed plugin", how="Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))"),
-    "FSDP": _PLUGIN.format(what="FSDP plugin", how="Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))"),
-    "Megatron-LM": _PLUGIN.format(what="Megatron-LM plugin", how="Accelerator(megatron_lm_plugin=MegatronLMPlugin(...))"),
-    "N-d parallelism": _PLUGIN.format(what="parallelism config", how="Accelerator(parallelism_config=ParallelismConfig(...))"),
+    "DeepSpeed": _PLUGIN.format(what="DeepSpeed plugin",
+                                how="Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))"),
+    "FSDP": _PLUGIN.format(what="FSDP plugin",
+                           how="Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))"),
+    "Megatron-LM": _PLUGIN.format(what="Megatron-LM plugin",
+                                  how="Accelerator(megatron_lm_plugin=MegatronLMPlugin(...))"),
+    "N-d parallelism": _PLUGIN.format(what="parallelism config",
+                                      how="Accelerator(parallelism_config=ParallelismConfig(...))"),
     "fp8": ("mpslaunch's mixed precision is no, fp16 or bf16; for fp8 give Accelerator() "
             "mixed_precision='fp8' and its recipe in the script, on a GPU that has fp8"),
     "TPUs": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` on a TPU machine",
