@@ -36,11 +36,46 @@ COMMANDS = {
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (with where to look) and exit code 2."""
+    """argparse, but a usage error is one line (with the nearest known option and where to look)
+    and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"mpslaunch: error: {message}{self.nearest_options(message)} "
+                         f"(see `{self.prog} --help`)\n")
         sys.exit(2)
+
+    def nearest_options(self, message: str) -> str:
+        """' (did you mean --mixed_precision?)' for the unknown options in an argparse message."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        words = message.split(": ", 1)[1].split()
+        found = [_nearest(word.split("=", 1)[0], self._option_string_actions) for word in words
+                 if word.startswith("--")]
+        found = list(dict.fromkeys(name for name in found if name))
+        return f" (did you mean {' or '.join(found)}?)" if found else ""
+
+
+def _nearest(word: str, options) -> str | None:
+    """The known option `word` most likely means: the one it abbreviates, else the closest
+    spelling (dash and underscore spellings count as one option)."""
+    import difflib  # only on a usage error
+
+    def plain(name: str) -> str:
+        return name.lstrip("-").replace("-", "_")
+
+    spellings = {}
+    for name in options:  # the underscore spelling first (commands/options.py adds it first)
+        if name.startswith("--"):
+            spellings.setdefault(plain(name), name)
+    wanted = plain(word)
+    started = [key for key in spellings if key.startswith(wanted)]
+    if len(started) == 1:
+        return spellings[started[0]]
+    close = difflib.get_close_matches(wanted, started or spellings, n=1, cutoff=0 if started else 0.6)
+    return spellings[close[0]] if close else None
 
 
 def build_parser(command: str | None) -> OneLineParser:
@@ -59,6 +94,7 @@ def build_parser(command: str | None) -> OneLineParser:
                                   epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.main)
+        parser.command_parser = sub
         return parser
     for name, (_, help_text) in COMMANDS.items():  # for `mpslaunch --help` and unknown commands
         commands.add_parser(name, help=help_text, description=help_text)
@@ -75,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own parser names the nearest option and its own --help
+        getattr(parser, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

@@ -8,7 +8,7 @@ is an MpslaunchError that says what to do; each rule cites its fact in docs/mps-
 from __future__ import annotations
 
 from collections.abc import Mapping  # typing costs an import on every launch
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, version_tuple
@@ -40,6 +40,19 @@ class LaunchRequest:
     rdzv_backend: str | None = None
     max_restarts: int | None = None
     log_dir: str | None = None
+    # Accelerate's launch options with the same meaning here (`accelerate launch --help`).
+    gpu_ids: str | None = None
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool | None = None
+    dynamo_use_dynamic: bool | None = None
+    dynamo_use_regional_compilation: bool | None = None
+    debug: bool | None = None
+    multi_gpu: bool = False  # a check: the plan must be several GPUs
+    num_cpu_threads_per_process: int | None = None
+    tee: str | None = None
+    monitor_interval: float | None = None
+    no_python: bool = False  # run the target itself, not `python target`
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,9 @@ class LaunchPlan:
     log_dir: str | None = None
     warnings: tuple[str, ...] = field(default=())
     one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
+    accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
+    monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
+    no_python: bool = False  # command[0] is the target itself
 
     @property
     def world_size(self) -> int:
@@ -72,7 +88,8 @@ class LaunchPlan:
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
-        return f"mpslaunch: {self.choice()}"
+        logs = f"; output also in {self.log_dir}" if self.log_dir else ""
+        return f"mpslaunch: {self.choice()}{logs}"
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -89,6 +106,10 @@ class LaunchPlan:
             "environment added:",
             *(f"  {key}={value}" for key, value in sorted(self.env.items())),
         ]
+        if self.log_dir and self.engine == "single":
+            lines.append(f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
+                         "stdout.log and stderr.log")
+        lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
 
@@ -96,13 +117,17 @@ class LaunchPlan:
 def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
             environ: Mapping[str, str]) -> LaunchPlan:
     settings = apply_flags(profile, request)
+    machine = with_gpu_ids(machine, settings.gpu_ids, _source(request, "gpu_ids"), environ)
     device, reason = choose_device(settings.device, request, machine)
     one_per_gpu = settings.num_processes is None
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
+    _check_launch_options(request, settings, device)
     multi = settings.num_processes > 1 or settings.num_machines > 1
+    env = child_environment(settings, device, machine, environ, multi)
+    env.update(accelerate_environment(request, settings, device))
     return LaunchPlan(
         device=device,
         reason=reason,
@@ -111,11 +136,14 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         num_machines=settings.num_machines,
         engine="torchrun" if multi else "single",
         command=child_command(request, machine),
-        env=child_environment(settings, device, machine, environ, multi),
+        env=env,
         settings=settings,
         log_dir=request.log_dir,
-        warnings=_warnings(settings, device, machine),
+        warnings=_warnings(settings, device, machine) + _no_effect(request, settings, device, multi),
         one_per_gpu=one_per_gpu and device == "cuda",
+        accelerate_notes=accelerate_notes(request, settings, device, env),
+        monitor_interval=request.monitor_interval,
+        no_python=request.no_python,
     )
 
 
@@ -316,6 +344,8 @@ def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ..
 
 
 def child_command(request: LaunchRequest, machine: Machine) -> tuple[str, ...]:
+    if request.no_python:
+        return (request.target, *request.target_args)
     entry = ("-m", request.target) if request.module else (request.target,)
     return (machine.python, *entry, *request.target_args)
 
@@ -391,6 +421,126 @@ def _parse_ratio(name: str, text: str) -> float:
 
 def _ratio_text(value: float) -> str:
     return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0.0"
+
+
+# ---------------------------------------------------------------- Accelerate's launch options
+
+
+def _source(request: LaunchRequest, key: str) -> str:
+    """How a message names a setting: the flag when it was given, else the profile's key."""
+    return f"--{key}" if getattr(request, key, None) not in (None, False) else f"the profile's {key}"
+
+
+def with_gpu_ids(machine: Machine, gpu_ids: str | None, source: str,
+                 environ: Mapping[str, str]) -> Machine:
+    """The machine as the ranks will see it with CUDA_VISIBLE_DEVICES=gpu_ids (Accelerate's
+    meaning: driver numbers). Without NVIDIA GPUs it changes nothing (a warning says so)."""
+    if gpu_ids in (None, "all") or not machine.cuda_devices:
+        return machine
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        raise MpslaunchError(f"{source} {gpu_ids} and CUDA_VISIBLE_DEVICES="
+                             f"{environ['CUDA_VISIBLE_DEVICES']} both choose GPUs; unset one of them")
+    ids = [int(part) for part in gpu_ids.split(",")]
+    count = len(machine.cuda_devices)
+    if max(ids) >= count or len(set(ids)) != len(ids):
+        raise MpslaunchError(f"{source} {gpu_ids} names GPUs this machine does not have, or one "
+                             f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
+                             f"(numbers 0 to {count - 1})")
+    return replace(machine, cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
+
+
+def _check_launch_options(request: LaunchRequest, settings: Profile, device: str) -> None:
+    world = settings.num_processes * settings.num_machines
+    if request.multi_gpu and not (device == "cuda" and world > 1):
+        raise MpslaunchError(
+            f"--multi_gpu asks for several GPUs, but the plan is {world} process"
+            f"{'es' if world > 1 else ''} on {device}; mpslaunch starts one process per visible "
+            "NVIDIA GPU without it, so drop --multi_gpu, or what asks for one process")
+    if request.no_python and request.module:
+        raise MpslaunchError("-m and --no_python cannot be used together: -m runs a module with "
+                             "python; give one of them")
+    if request.num_cpu_threads_per_process is not None and request.num_cpu_threads_per_process < 1:
+        raise MpslaunchError(f"--num_cpu_threads_per_process must be 1 or more, not "
+                             f"{request.num_cpu_threads_per_process}")
+    if request.monitor_interval is not None and not 0 < request.monitor_interval <= 3600:
+        raise MpslaunchError(f"--monitor_interval must be a number of seconds above 0 (at most "
+                             f"3600), not {request.monitor_interval}")
+    if request.tee is not None and request.tee not in TEE_VALUES:
+        raise MpslaunchError(f"--tee must be one of {', '.join(TEE_VALUES)}, not {request.tee!r}")
+
+
+TEE_VALUES = ("0", "1", "2", "3")  # torchrun's: none, stdout, stderr, both
+
+
+def accelerate_environment(request: LaunchRequest, settings: Profile, device: str) -> dict[str, str]:
+    """The variables `accelerate launch` sets for these options (accelerate/utils/launch.py)."""
+    env = {}
+    if device == "cuda" and settings.gpu_ids not in (None, "all"):
+        env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
+    if request.num_cpu_threads_per_process is not None:
+        env["OMP_NUM_THREADS"] = str(request.num_cpu_threads_per_process)
+    if settings.dynamo_backend != "no":
+        env.update({
+            "ACCELERATE_DYNAMO_BACKEND": settings.dynamo_backend.upper(),
+            "ACCELERATE_DYNAMO_MODE": settings.dynamo_mode,
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH": str(settings.dynamo_use_fullgraph),
+            "ACCELERATE_DYNAMO_USE_DYNAMIC": str(settings.dynamo_use_dynamic),
+            "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": str(settings.dynamo_use_regional_compilation),
+        })
+    if settings.debug:
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    return env
+
+
+def accelerate_notes(request: LaunchRequest, settings: Profile, device: str,
+                     env: Mapping[str, str]) -> tuple[str, ...]:
+    """For --dry-run: what each of Accelerate's options given became."""
+    notes = []
+    if request.multi_gpu:
+        notes.append(f"--multi_gpu: checked: {settings.num_processes} processes, one per GPU")
+    if "CUDA_VISIBLE_DEVICES" in env:
+        notes.append(f"{_source(request, 'gpu_ids')} {settings.gpu_ids}: CUDA_VISIBLE_DEVICES="
+                     f"{env['CUDA_VISIBLE_DEVICES']} for the ranks, and only these GPUs count")
+    if request.num_cpu_threads_per_process is not None:
+        notes.append(f"--num_cpu_threads_per_process {request.num_cpu_threads_per_process}: "
+                     f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    if "ACCELERATE_DYNAMO_BACKEND" in env:
+        dynamo = " ".join(f"{key}={value}" for key, value in env.items() if "_DYNAMO_" in key)
+        notes.append(f"{_source(request, 'dynamo_backend')} {settings.dynamo_backend}: {dynamo}")
+    if settings.debug:
+        notes.append(f"{_source(request, 'debug')}: ACCELERATE_DEBUG_MODE=true")
+    if request.tee is not None:
+        notes.append(f"--tee {request.tee}: every rank's output always reaches the console "
+                     "(prefixed [rankN]), and with --log_dir also its files")
+    if request.monitor_interval is not None:
+        notes.append(f"--monitor_interval {request.monitor_interval:g}: torch.distributed.run's "
+                     "--monitor-interval")
+    if request.no_python:
+        notes.append(f"--no_python: each process runs {request.target} itself, not with python")
+    return tuple(notes)
+
+
+# What only torch.distributed.run uses: nothing to do with one process.
+SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "main_process_port",
+                           "machine_rank", "monitor_interval")
+
+
+def _no_effect(request: LaunchRequest, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
+    """Options given that change nothing in this plan, named rather than silently dropped."""
+    warnings = []
+    if settings.gpu_ids not in (None, "all") and device != "cuda":
+        warnings.append(f"{_source(request, 'gpu_ids')} {settings.gpu_ids} has no effect on {device}")
+    idle = [f"--{key}" for key in SEVERAL_PROCESS_OPTIONS if getattr(request, key) is not None]
+    if idle and not multi:
+        warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
+                        "one process")
+    if request.num_processes is not None and settings.num_machines > 1:
+        # Accelerate's --num_processes counts every machine's processes; an Accelerate habit here
+        # would start num_machines times too many.
+        total = request.num_processes * settings.num_machines
+        warnings.append(f"--num_processes {request.num_processes} counts this machine's processes "
+                        f"(Accelerate's counts every machine's): {total} in all")
+    return tuple(warnings)
 
 
 assert {f.name for f in fields(LaunchRequest)} >= set(KNOWN_KEYS) - {"version", "mps_fallback", "mps_memory_cap"}

@@ -25,6 +25,11 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 DEVICES = ("auto", "mps", "cuda", "cpu")
 PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
+# Accelerate's torch.compile settings (accelerate launch --dynamo_*), passed on as ACCELERATE_DYNAMO_*;
+# its TPU, Neuron and HPU backends are left out: mpslaunch runs on mps, cuda or cpu.
+DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
+                   "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "tvm")
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
 MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
@@ -44,6 +49,14 @@ class Profile:
     max_restarts: int = 0
     mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
     mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
+    # Accelerate's own settings, under its names; the child's Accelerator() reads them.
+    gpu_ids: str | None = None  # "0,2": CUDA_VISIBLE_DEVICES for the ranks; None or "all": every GPU
+    dynamo_backend: str = "no"
+    dynamo_mode: str = "default"
+    dynamo_use_fullgraph: bool = False
+    dynamo_use_dynamic: bool = False
+    dynamo_use_regional_compilation: bool = False
+    debug: bool = False  # ACCELERATE_DEBUG_MODE: Accelerate checks its collective operations
 
     def replace(self, **changes: object) -> "Profile":
         return dataclasses.replace(self, **changes)
@@ -66,6 +79,13 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "max_restarts": (int,),
     "mps_fallback": (bool,),
     "mps_memory_cap": (float, int, type(None)),
+    "gpu_ids": (str, type(None)),
+    "dynamo_backend": (str,),
+    "dynamo_mode": (str,),
+    "dynamo_use_fullgraph": (bool,),
+    "dynamo_use_dynamic": (bool,),
+    "dynamo_use_regional_compilation": (bool,),
+    "debug": (bool,),
 }
 KNOWN_KEYS = tuple(f.name for f in fields(Profile))
 assert set(_KEY_TYPES) == set(KNOWN_KEYS)
@@ -79,7 +99,8 @@ def check_value(key: str, value: object) -> str | None:
     if not _has_type(value, _KEY_TYPES[key]):
         wanted = " or ".join("null" if t is type(None) else t.__name__ for t in _KEY_TYPES[key])
         return f"must be {wanted}, not {_type_name(value)}{_quoted(value)}"
-    choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS}
+    choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS,
+               "dynamo_backend": DYNAMO_BACKENDS, "dynamo_mode": DYNAMO_MODES}
     if key in choices and value not in choices[key]:
         return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
     if key in ("num_processes", "num_machines") and value is not None and value < 1:
@@ -91,6 +112,8 @@ def check_value(key: str, value: object) -> str | None:
     if key == "mps_memory_cap" and value is not None and not 0.0 <= value <= MPS_WATERMARK_MAX:
         return (f"must be from 0.0 (no limit) to {MPS_WATERMARK_MAX} (a multiple of the GPU's "
                 f"recommended working set; torch rejects more), not {value}")
+    if key == "gpu_ids" and value is not None and not re.fullmatch(r"all|\d+(,\d+)*", value):
+        return f"must be GPU numbers separated by commas, such as 0,1, or all, not{_quoted(value)}"
     if key == "version" and not 1 <= value <= PROFILE_VERSION:
         return (f"is {value}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
                 "upgrade mpslaunch or write the profile again with `mpslaunch config`")
@@ -133,9 +156,14 @@ def _cut(text: str, limit: int = 80) -> str:
 
 
 def load(path: Path) -> Profile:
-    """Read and check one profile file. Every problem is an MpslaunchError naming file and line."""
+    """Read and check one profile file. Every problem is an MpslaunchError naming file and line.
+    A file that `accelerate config` wrote is read as the profile it means (accelerate_config)."""
     text = _read_text(path)
     document = _parse(text, path)
+    if _written_by_accelerate(document):
+        from mpslaunch import accelerate_config  # it imports this module
+
+        return accelerate_config.translate(_construct(document, path), path).profile
     values = {}
     for key_node, value_node in document.value:
         key = key_node.value
@@ -155,6 +183,18 @@ def load(path: Path) -> Profile:
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
     return profile
+
+
+def read_accelerate(path: Path) -> dict | None:
+    """The settings in the file at `path` when Accelerate wrote it; None for an mpslaunch profile."""
+    document = _parse(_read_text(path), path)
+    return _construct(document, path) if _written_by_accelerate(document) else None
+
+
+def _written_by_accelerate(document: yaml.MappingNode) -> bool:
+    from mpslaunch.accelerate_config import is_accelerate_config
+
+    return is_accelerate_config(key_node.value for key_node, _ in document.value)
 
 
 def _read_text(path: Path) -> str:

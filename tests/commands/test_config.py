@@ -42,7 +42,7 @@ def run_cli(*args: str, config_dir: Path, stdin=subprocess.DEVNULL) -> subproces
 def default_here() -> Profile:
     """What --default writes on the machine running the tests (the rule itself is tested on
     described machines below): one process per NVIDIA GPU, else one."""
-    return configure.default_profile(probe())
+    return configure.default_profile(probe(), os.environ)
 
 
 def interactive(path: Path, machine: Machine, keys: str, close: bool = False) -> int:
@@ -182,6 +182,16 @@ def test_a_profile_written_off_a_mac_has_no_mps_keys_and_still_loads(tmp_path):
     assert shown.returncode == 0 and "mps_fallback: false" in shown.stdout
 
 
+@pytest.mark.parametrize("spelling", [["--default"], ["default"]])
+def test_cli_default_takes_accelerate_style_choices(tmp_path, spelling):
+    done = run_cli("config", *spelling, "--mixed_precision", "bf16", "--num-processes", "2",
+                   "--device", "cpu", config_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = profiles.load(tmp_path / "default.yaml")
+    assert written == Profile(device="cpu", mixed_precision="bf16", num_processes=2)
+    assert "on this machine: device cpu -> cpu: asked for by the profile; precision bf16; 2 processes" in done.stdout
+
+
 def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
     done = run_cli("config", "show", config_dir=tmp_path)
     assert done.returncode == 0
@@ -194,6 +204,10 @@ def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
     (("config", "--default", "--profile", "a", "--config_file", "b.yaml"), "not both"),
     (("config", "--default", "--profile", "bad/name"), "plain name"),
     (("config", "--default", "--config_file", "."), "is a folder"),
+    (("config", "--mixed_precision", "bf16"), "goes with `config --default`"),
+    (("config", "show", "--device", "cpu"), "goes with `config --default`"),
+    (("config", "default", "--mixed_precision", "fp16", "--device", "cpu"), "bf16 on cpu"),
+    (("config", "--default", "--num_processes", "0"), "--num_processes must be 1 or more"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, args, words):
     done = run_cli(*args, config_dir=tmp_path)

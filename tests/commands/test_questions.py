@@ -189,7 +189,7 @@ def test_linux_cpu_asks_for_cpu_processes(tmp_path):
 
 def test_existing_answers_are_the_defaults():
     start = Profile(device="mps", mixed_precision="bf16", num_processes=1, mps_fallback=False,
-                    mps_memory_cap=1.2)
+                    mps_memory_cap=1.2, dynamo_backend="inductor", debug=True)  # those two: not asked
     profile, _ = answer(M2_SONOMA, ENTER * 4, start=start)
     assert profile == start
 

@@ -15,7 +15,7 @@ import re
 import subprocess
 from typing import Any
 
-from mpslaunch import __version__
+from mpslaunch import __version__, accelerate_config
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
@@ -122,6 +122,7 @@ def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file:
     facts["nvidia_gpus_visible"] = list(machine.cuda_devices)
     facts["environment"] = relevant_environment(environ)
     facts.update(profile_facts(machine, environ, config_file, profile_name))
+    facts["accelerate_default_config"] = accelerate_config.unused_default_note(environ)
     return facts
 
 
@@ -225,6 +226,8 @@ def as_markdown(facts: dict[str, Any]) -> str:
     else:
         lines.append(f"- Profile: {profile}")
     lines.append(f"- Launcher would choose: {facts['launcher_choice']}")
+    if facts.get("accelerate_default_config"):
+        lines.append(f"- Accelerate default config: {facts['accelerate_default_config']}")
     lines.append("```")
     return "\n".join(_no_fence(line) if 0 < i < len(lines) - 1 else line for i, line in enumerate(lines))
 

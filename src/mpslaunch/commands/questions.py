@@ -24,6 +24,9 @@ RDZV_LABELS = {
     "static": "static: each machine keeps the rank given above",
     "c10d": "c10d: torch gives each machine its rank as it joins",
 }
+# Accelerate's own settings are not asked about: an existing profile's values are kept.
+KEPT = ("gpu_ids", "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+        "dynamo_use_regional_compilation", "debug")
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,8 @@ def ask_profile(machine: Machine, start: Profile | None = None,
                         labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"})
     used, _ = device_in_use(device, machine)
     counts = process_counts(used, machine)
-    profile = Profile(device=device, num_processes=counts[0])  # written out, never left to auto
+    profile = Profile(device=device, num_processes=counts[0],  # written out, never left to auto
+                      **{key: getattr(start, key) for key in KEPT})
     if len(counts) > 1:
         what = "GPU" if used == "cuda" else "CPU"
         # A new profile uses every GPU (one process each); on cpu one process is the safe start.
@@ -135,6 +139,13 @@ def ask_profile(machine: Machine, start: Profile | None = None,
 
     _check_offered(profile, machine)
     return profile
+
+
+def keep_mps(question: str) -> bool:
+    """Yes (the default) keeps the Mac's GPU; raises KeyboardInterrupt or EOFError like the rest."""
+    import questionary
+
+    return questionary.confirm(question, default=True).unsafe_ask()
 
 
 def _ask_machines(ask: "_Asker", profile: Profile, start: Profile) -> Profile:

@@ -3,6 +3,7 @@
 Its own session means a terminal's Ctrl-C reaches the child once (through us), and whatever it
 leaves in its process group (DataLoader workers) can be killed when it ends. On Linux the child
 also dies with the launcher (PR_SET_PDEATHSIG).
+With --log_dir its output is also copied to files (run/tee.py).
 """
 
 from __future__ import annotations
@@ -15,24 +16,31 @@ from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.run.processes import FORWARDED_SIGNALS, STOPPING_SIGNALS, exit_code, kill_group, linux_prctl
+from mpslaunch.run.tee import Tee
 
 DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS) -> int:
-    env = {**os.environ, **env_additions}
+              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
+    tee = Tee(log_dir) if log_dir else None
+    env = {**os.environ, **(tee.environment if tee else {}), **env_additions}
     supervisor = _Supervisor(grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with _SignalHandlers(supervisor.forward):
         try:
             child = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                     preexec_fn=_parent_death_signal())
+                                     preexec_fn=_parent_death_signal(),
+                                     **(tee.popen_streams if tee else {}))
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
         supervisor.attach(child)
+        if tee:
+            tee.start(child)
         returncode = child.wait()
     supervisor.clean_up()
+    if tee:
+        tee.finish()
     return exit_code(returncode)
 
 
@@ -83,8 +91,11 @@ class _SignalHandlers:
         self.previous: dict[int, object] = {}
 
     def __enter__(self):
-        for signum in FORWARDED_SIGNALS:
-            self.previous[signum] = signal.signal(signum, self.handler)
+        # Only the main thread may handle signals (mpslaunch.launch from a thread): there the
+        # signals go to the caller, and the child is still stopped with its group at the end.
+        if threading.current_thread() is threading.main_thread():
+            for signum in FORWARDED_SIGNALS:
+                self.previous[signum] = signal.signal(signum, self.handler)
         return self
 
     def __exit__(self, *_exc):

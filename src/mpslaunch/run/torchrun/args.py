@@ -58,7 +58,7 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
         "--rdzv-backend", rendezvous.backend,
         "--rdzv-id", rendezvous.run_id,
         "--max-restarts", str(plan.settings.max_restarts),
-        "--monitor-interval", MONITOR_INTERVAL,
+        "--monitor-interval", f"{plan.monitor_interval:g}" if plan.monitor_interval else MONITOR_INTERVAL,
     ]
     host = _bracketed(rendezvous.address)
     if rendezvous.backend == "static":
@@ -69,6 +69,8 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
     args += ["--tee", "3"]
     if log_dir:
         args += ["--log-dir", log_dir]
+    if plan.no_python:
+        return args + ["--no-python", *plan.command]
     return args + target_arguments(plan.command)
 
 

@@ -41,13 +41,13 @@ def describe(plan: LaunchPlan) -> str:
     rendezvous = rendezvous_for(plan, run_id="mpslaunch-<new for each run>")
     port_text = FREE_PORT if rendezvous.local and rendezvous.port == 0 else None
     argv = arguments(plan, rendezvous, port_text, plan.log_dir)
-    python = plan.command[0]
+    python = sys.executable if plan.no_python else plan.command[0]  # torchrun runs in the launcher
     lines = [
         plan.describe(),
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
         f"  {LINE_PREFIX_VARIABLE}={shlex.quote(LINE_PREFIX)} "
         + shlex.join([python, "-m", "torch.distributed.run", *argv]),
-        "  each rank runs: " + shlex.join([python, "-u", *plan.command[1:]]),
+        "  each rank runs: " + shlex.join(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
         *(f"  {key}={value}" for key, value in sorted(_added(plan, rendezvous).items())),
@@ -103,7 +103,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
     _check_torch_distributed()
-    with _quiet_torch_logs(), _environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
+    with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
             _store(rendezvous) as port:
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
@@ -128,6 +128,24 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
                                f"{error_line(error)}") from None
     return 0
+
+
+def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict[int, object]:
+    """The Python API with several processes: `function(*args)` in each rank, through the same
+    rendezvous, store and environment as run(); torch's own errors (ChildFailedError) propagate.
+    Returns each of this machine's ranks' return value, by global rank."""
+    _check_torch_distributed()
+    rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
+    env = launcher_environment(plan, rendezvous, os.environ)
+    with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(rendezvous) as port, \
+            _LogFolder(plan.log_dir) as logs:
+        elastic = _Elastic()
+        args_given = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
+        config, _, _ = elastic.run.config_from_args(args_given)
+        config.log_line_prefix_template = LINE_PREFIX
+        config.start_method = start_method
+        with whole_rank_lines():
+            return dict(sorted(elastic.launch(config, function)(*args).items()))
 
 
 class _Elastic:
@@ -166,8 +184,8 @@ def _store(rendezvous: Rendezvous):
 
 
 @contextmanager
-def _environment(env: Mapping[str, str]) -> Iterator[None]:
-    """The ranks inherit the launcher's environment: put plan.env there for the run."""
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """The ranks (or a function run in this process) see `env`: put it in os.environ for the run."""
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
