@@ -1,24 +1,8 @@
 """Does training scale from 1 to N GPUs through `mpslaunch launch --num_processes N`?
 
-One command runs the same Accelerate training script twice through the real launcher, first
-with `--num_processes 1` (one process, no DDP), then with `--num_processes N` (torchrun, DDP over
-nccl), and prints images/s for each and the ratio. The model is a ResNet-50 (written out here,
-so only torch and accelerate are needed) on random images that live on the GPU, a fixed batch
-per GPU, bf16 autocast, channels_last. Each run also checks that it trained correctly:
-
-- Accelerate saw the plan: MULTI_GPU with N processes on nccl (NO with 1), one GPU per rank;
-- the loss went down (the model memorises a few fixed batches);
-- after training, every rank holds bit-identical parameters (DDP kept the replicas in step).
-
-On the GPU machine, from the repo root (questionary/platformdirs need not be installed):
-
-    PYTHONPATH=src python3 benchmarks/ddp_scaling.py --processes 2 --json /tmp/ddp.json
-
-A CPU smoke test of the same code paths (tiny sizes, gloo):
-
-    python benchmarks/ddp_scaling.py --cpu --image-size 32 --batch-size 8 --steps 4 --warmup 2 --batches 1
-
-Exit code 0 when both runs are correct (the ratio is reported, not judged); 1 otherwise.
+One Accelerate script (a ResNet-50 on random images that live on the GPU, bf16) runs through the
+real launcher with 1, then N processes; it prints images/s and the ratio, and checks that each
+run trained correctly (Accelerate saw the plan, the loss fell, every rank's weights agree).
 """
 
 from __future__ import annotations
@@ -50,8 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report["correct"] else 1
 
 
+USAGE = """\
+On the GPU machine, from the repository root:
+  PYTHONPATH=src python3 benchmarks/ddp_scaling.py --processes 2 --json /tmp/ddp.json
+A CPU smoke test of the same code paths (tiny sizes, gloo):
+  python benchmarks/ddp_scaling.py --cpu --image-size 32 --batch-size 8 --steps 4 --warmup 2 --batches 1
+Exit code 0 when both runs are correct (the ratio is reported, not judged); 1 otherwise.
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=USAGE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, default=2, help="GPUs for the scaled run")
     parser.add_argument("--batch-size", type=int, default=128, help="images per GPU per step")
     parser.add_argument("--image-size", type=int, default=224)

@@ -1,12 +1,8 @@
-"""Launch overhead and launcher memory: `mpslaunch launch --cpu s.py` vs `python s.py`.
+"""Launch overhead and launcher memory: `mpslaunch launch --cpu s.py` against `python s.py`.
 
-    python benchmarks/launch_overhead.py [--runs 7] [--with-accelerate]
-
-s.py imports torch and exits, like the start of any training script. The commands run in
-alternation (this machine is noisy, so side by side in one run), and the medians are compared:
-the ratio is what the launcher adds. `--with-accelerate` also times `accelerate launch --cpu s.py`.
-The launcher's own peak memory (VmHWM of the launcher process, not of the child) is read while
-the child is still running.
+s.py imports torch and exits, like the start of any training script. The commands run in turn
+and their medians are compared; the launcher's own peak memory (not its child's) is read while
+the child runs. `--with-accelerate` also times `accelerate launch --cpu s.py`.
 """
 
 from __future__ import annotations
@@ -56,8 +52,9 @@ def launcher_peak_rss_mb(command: list[str]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--with-accelerate", action="store_true")
+    parser.add_argument("--runs", type=int, default=7, help="runs of each command (default: 7)")
+    parser.add_argument("--with-accelerate", action="store_true",
+                        help="also time `accelerate launch --cpu s.py`")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-bench-"))
     script, sleepy = folder / "s.py", folder / "sleepy.py"

@@ -44,7 +44,7 @@ def test_auto_device(machine, device, reason_part):
     plan = plan_for(machine)
     assert plan.device == device
     assert reason_part in plan.reason
-    assert plan.engine == "single"
+    assert plan.engine == ("torchrun" if machine == "linux_8gpu" else "single")  # one per GPU
 
 
 def test_apple_silicon_defaults_to_mps_never_use_cpu():
@@ -241,3 +241,115 @@ def test_summary_and_dry_run_text():
     assert plan.summary() == "mpslaunch: mps: Apple M1, macOS 14.5, torch 2.14.1; precision bf16; 1 process"
     text = plan.describe()
     assert "PYTORCH_ENABLE_MPS_FALLBACK=1" in text and "command:         python3 train.py --lr 0.1" in text
+
+
+# ---------------------------------------------------------------- several GPUs by default
+
+@pytest.mark.parametrize("machine, processes", [("linux_2gpu", 2), ("linux_8gpu", 8)])
+def test_auto_uses_every_visible_gpu(machine, processes):
+    plan = plan_for(machine)
+    assert (plan.device, plan.num_processes, plan.engine) == ("cuda", processes, "torchrun")
+    assert plan.env["MPSLAUNCH_NUM_PROCESSES"] == str(processes)
+    assert "ACCELERATE_TORCH_DEVICE" not in plan.env  # it would put every rank on one GPU
+    assert plan.summary().endswith(f"; {processes} processes, one per GPU (--num_processes 1 for one)")
+    assert f"{processes} per machine, 1 machine(s) (one per visible GPU)" in plan.describe()
+    assert plan_for(machine, Profile(device="cuda")).num_processes == processes
+
+
+@pytest.mark.parametrize("machine", ["linux_2gpu", "linux_8gpu"])
+def test_one_process_on_several_gpus_when_asked(machine):
+    for plan in (plan_for(machine, num_processes=1), plan_for(machine, Profile(num_processes=1))):
+        assert (plan.num_processes, plan.engine) == (1, "single")
+        assert plan.env["ACCELERATE_TORCH_DEVICE"] == "cuda"
+        assert "one per GPU" not in plan.summary()
+    explicit = plan_for(machine, Profile(num_processes=2), num_processes=None)
+    assert explicit.num_processes == 2 and "one per GPU" not in explicit.summary()
+    assert plan_for(machine, cpu=True).num_processes == 1
+
+
+@pytest.mark.parametrize("machine", ["linux_1gpu", "linux_cpu", "m1_macos14", "m2_macos15", "intel_mac",
+                                     "rosetta", "linux_gpu_cpu_torch"])
+def test_one_gpu_macs_and_cpus_keep_one_process(machine):
+    plan = plan_for(machine)
+    assert (plan.num_processes, plan.engine) == (1, "single")
+    assert plan.summary().endswith("; 1 process")
+
+
+# ---------------------------------------------------------------- Accelerate's launch options
+
+def test_gpu_ids_narrow_the_plan_and_reach_the_ranks():
+    plan = plan_for("linux_8gpu", gpu_ids="1,3")
+    assert (plan.num_processes, plan.engine) == (2, "torchrun")
+    assert "cuda: 2 x NVIDIA H200" in plan.reason
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert "--gpu_ids 1,3: CUDA_VISIBLE_DEVICES=1,3" in plan.describe()
+    assert plan_for("linux_8gpu", Profile(gpu_ids="all")).num_processes == 8
+    assert "CUDA_VISIBLE_DEVICES" not in plan_for("linux_8gpu", gpu_ids="all").env
+
+
+@pytest.mark.parametrize("gpu_ids, environ, expected", [
+    ("2", {}, "numbers 0 to 1"),
+    ("0,0", {}, "or one twice"),
+    ("0", {"CUDA_VISIBLE_DEVICES": "1"}, "both choose GPUs"),
+])
+def test_impossible_gpu_ids_are_refused(gpu_ids, environ, expected):
+    assert expected in refusal("linux_2gpu", environ=environ, gpu_ids=gpu_ids)
+    assert "must be GPU numbers" in refusal("linux_2gpu", gpu_ids="0, 1")
+
+
+def test_gpu_ids_off_cuda_are_named_as_having_no_effect():
+    plan = plan_for("m2_macos15", gpu_ids="0")
+    assert plan.device == "mps" and "CUDA_VISIBLE_DEVICES" not in plan.env
+    assert plan.warnings == ("--gpu_ids 0 has no effect on mps",)
+
+
+def test_multi_gpu_is_a_check_of_the_plan():
+    plan = plan_for("linux_2gpu", multi_gpu=True)
+    assert plan.num_processes == 2 and "--multi_gpu: checked" in plan.describe()
+    for machine, flags in (("linux_1gpu", {}), ("linux_2gpu", {"num_processes": 1}),
+                           ("m2_macos15", {}), ("linux_2gpu", {"cpu": True})):
+        assert "--multi_gpu asks for several GPUs" in refusal(machine, multi_gpu=True, **flags)
+
+
+def test_accelerate_settings_become_its_variables():
+    plan = plan_for("linux_cpu", Profile(dynamo_backend="inductor", dynamo_mode="max-autotune"),
+                    debug=True, dynamo_use_fullgraph=True, num_cpu_threads_per_process=3)
+    assert {key: plan.env[key] for key in plan.env if key.startswith("ACCELERATE_D")} == {
+        "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_MODE": "max-autotune",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "True", "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False", "ACCELERATE_DEBUG_MODE": "true"}
+    assert plan.env["OMP_NUM_THREADS"] == "3"
+    text = plan.describe()
+    assert "the profile's dynamo_backend inductor: ACCELERATE_DYNAMO_BACKEND=INDUCTOR" in text
+    assert "--debug: ACCELERATE_DEBUG_MODE=true" in text
+    assert "ACCELERATE_DYNAMO_BACKEND" not in plan_for("linux_cpu").env
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"no_python": True, "module": True}, "cannot be used together"),
+    ({"num_cpu_threads_per_process": 0}, "--num_cpu_threads_per_process must be 1 or more"),
+    ({"monitor_interval": 0.0}, "--monitor_interval must be"),
+    ({"tee": "9"}, "--tee must be one of 0, 1, 2, 3"),
+    ({"dynamo_backend": "tpu"}, "--dynamo_backend must be one of"),
+])
+def test_bad_accelerate_option_values_are_refused(flags, expected):
+    assert expected in refusal("linux_cpu", **flags)
+
+
+def test_no_python_runs_the_target_itself():
+    plan = plan_for("linux_cpu", no_python=True)
+    assert plan.command == ("train.py", "--lr", "0.1")
+
+
+def test_options_for_several_processes_are_named_with_one():
+    plan = plan_for("linux_cpu", max_restarts=2, rdzv_backend="c10d", main_process_port=29500)
+    assert plan.warnings == ("--max_restarts, --rdzv_backend, --main_process_port have no effect "
+                             "with one process",)
+    assert plan_for("linux_cpu", cpu=True, num_processes=2, max_restarts=2).warnings == ()
+    assert plan_for("linux_cpu", Profile(max_restarts=3)).warnings == ()  # a profile's: not given here
+
+
+def test_num_processes_per_machine_is_pointed_out_to_accelerate_users():
+    plan = plan_for("linux_8gpu", num_processes=8, num_machines=2, main_process_ip="10.0.0.1")
+    assert plan.warnings == ("--num_processes 8 counts this machine's processes (Accelerate's "
+                             "counts every machine's): 16 in all",)

@@ -50,8 +50,8 @@ def test_partial_profile_takes_defaults(tmp_path):
     ("# only a comment\n", "is empty"),
     ("device: cpu\nnum_procesess: 2\n", "line 2: unknown key 'num_procesess' (did you mean 'num_processes'?)"),
     ("device: gpu\n", "device must be one of auto, mps, cuda, cpu"),
-    ("num_processes: two\n", "num_processes must be int, not str"),
-    ("num_processes: true\n", "num_processes must be int, not bool"),
+    ("num_processes: two\n", "num_processes must be int or null, not str"),
+    ("num_processes: true\n", "num_processes must be int or null, not bool"),
     ("num_processes: 0\n", "num_processes must be 1 or more"),
     ("main_process_port: -1\n", "main_process_port must be a TCP port"),
     ("main_process_port: 70000\n", "main_process_port must be a TCP port"),
@@ -64,6 +64,8 @@ def test_partial_profile_takes_defaults(tmp_path):
     ("device: !!python/object/apply:os.system ['touch /tmp/pwned']\n", "could not determine a constructor"),
     ("machine_rank: 1\n", "machine_rank 1 must be below num_machines 1"),
     ("num_machines: 2\n", "main_process_ip"),
+    ("gpu_ids: 0 1\n", "gpu_ids must be GPU numbers separated by commas"),
+    ("dynamo_backend: INDUCTOR\n", "dynamo_backend must be one of no, eager"),
 ])
 def test_malformed_profiles_name_the_problem(tmp_path, text, expected):
     message = load_error(tmp_path, text)
@@ -162,6 +164,11 @@ valid_profiles = st.builds(
     max_restarts=st.integers(0, 100),
     mps_fallback=st.booleans(),
     mps_memory_cap=st.none() | st.floats(0.0, 2.0),
+    gpu_ids=st.none() | st.just("all") | st.from_regex(r"\d(,\d){0,3}", fullmatch=True),
+    dynamo_backend=st.sampled_from(profiles.DYNAMO_BACKENDS),
+    dynamo_mode=st.sampled_from(profiles.DYNAMO_MODES),
+    dynamo_use_fullgraph=st.booleans(),
+    debug=st.booleans(),
 )
 
 

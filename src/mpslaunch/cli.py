@@ -1,17 +1,8 @@
-"""mpslaunch: launch PyTorch training on your own machine, Apple silicon first.
+"""The command table: parses the command line and hands it to the chosen command's module.
 
-    mpslaunch config [--default] [--profile NAME | --config_file PATH]   write a profile
-    mpslaunch config show [--profile NAME | --config_file PATH]          print the profile in force
-    mpslaunch launch [options] script.py [script args...]                run a script with the plan
-    mpslaunch env                                                        report for bug reports
-    mpslaunch bench [options]                                            is the GPU faster than the CPU?
-    mpslaunch test [--profile NAME | --config_file PATH]                 self-test of the launch path
-
-Each command lives in a module that offers add_arguments(parser) and main(args) -> int; only the
-chosen command's module is imported, and none imports torch or questionary at the top, so
-`launch` starts fast.
-Exit codes: the script's own code; 128+N when signal N killed it; 2 for a usage, profile or
-device error, printed as one line on stderr.
+Each command module offers HELP (its --help text), add_arguments(parser) and main(args) -> int.
+Only the chosen command's module is imported, and none imports torch or questionary at the top,
+so `launch` starts fast. An MpslaunchError becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
@@ -22,6 +13,17 @@ import sys
 
 from mpslaunch import __version__
 from mpslaunch.errors import MpslaunchError
+
+HELP = """\
+Launch PyTorch training on your own machine: mps on Apple silicon, cuda on NVIDIA
+GPUs, cpu otherwise. Scripts written for Hugging Face Accelerate run unchanged.
+
+examples:
+  mpslaunch config --default        write the default profile
+  mpslaunch launch train.py         run train.py on the device this machine should use
+  mpslaunch env                     print the facts a bug report needs
+"""
+EPILOG = "Run `mpslaunch COMMAND --help` for a command's options and examples."
 
 # name -> (module, one-line help). Only the chosen command's module is imported.
 COMMANDS = {
@@ -34,37 +36,84 @@ COMMANDS = {
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (with where to look) and exit code 2."""
+    """argparse, but a usage error is one line (with the nearest known option and where to look)
+    and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"mpslaunch: error: {message}{self.nearest_options(message)} "
+                         f"(see `{self.prog} --help`)\n")
         sys.exit(2)
+
+    def nearest_options(self, message: str) -> str:
+        """' (did you mean --mixed_precision?)' for the unknown options in an argparse message."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        words = message.split(": ", 1)[1].split()
+        found = [_nearest(word.split("=", 1)[0], self._option_string_actions) for word in words
+                 if word.startswith("--")]
+        found = list(dict.fromkeys(name for name in found if name))
+        return f" (did you mean {' or '.join(found)}?)" if found else ""
+
+
+def _nearest(word: str, options) -> str | None:
+    """The known option `word` most likely means: the one it abbreviates, else the closest
+    spelling (dash and underscore spellings count as one option)."""
+    import difflib  # only on a usage error
+
+    def plain(name: str) -> str:
+        return name.lstrip("-").replace("-", "_")
+
+    spellings = {}
+    for name in options:  # the underscore spelling first (commands/options.py adds it first)
+        if name.startswith("--"):
+            spellings.setdefault(plain(name), name)
+    wanted = plain(word)
+    started = [key for key in spellings if key.startswith(wanted)]
+    if len(started) == 1:
+        return spellings[started[0]]
+    close = difflib.get_close_matches(wanted, started or spellings, n=1, cutoff=0 if started else 0.6)
+    return spellings[close[0]] if close else None
 
 
 def build_parser(command: str | None) -> OneLineParser:
-    parser = OneLineParser(prog="mpslaunch", description=__doc__.split("\n\n")[0],
+    description, examples = _split_help(HELP)
+    parser = OneLineParser(prog="mpslaunch", description=description,
+                           epilog=f"{examples}\n\n{EPILOG}",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     if command in COMMANDS:
         # Only the chosen command: building a parser per command costs time on every launch.
         module_name, help_text = COMMANDS[command]
         module = importlib.import_module(module_name)
-        sub = commands.add_parser(command, help=help_text, description=module.__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        description, examples = _split_help(module.HELP)
+        sub = commands.add_parser(command, help=help_text, description=description,
+                                  epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.main)
+        parser.command_parser = sub
         return parser
     for name, (_, help_text) in COMMANDS.items():  # for `mpslaunch --help` and unknown commands
         commands.add_parser(name, help=help_text, description=help_text)
     return parser
 
 
+def _split_help(text: str) -> tuple[str, str]:
+    """A HELP text's description, and its examples block, which --help shows after the options."""
+    description, marker, examples = text.partition("\nexamples:\n")
+    return description.strip(), (marker.strip() + "\n" + examples.rstrip()) if marker else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own parser names the nearest option and its own --help
+        getattr(parser, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

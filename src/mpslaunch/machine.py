@@ -1,10 +1,9 @@
 """What this computer is: platform facts probed with the standard library only.
 
-The launcher does not import torch on the single-process path (it costs ~2 s and ~600 MB and
-the child imports it anyway), so every fact here comes from one sysctl call on macOS, files
-under /proc and /dev on Linux, and torch's installed metadata read as text. What torch itself
-says about mps on a Mac comes from a child Python, cached (torch_check.py); `verify_mps` asks it.
-Tests build `Machine` values by hand to describe computers we do not own.
+The launcher does not import torch on the one-process path (the child imports it anyway), so
+facts come from os.uname, one sysctl call on macOS, /proc and /dev on Linux, and torch's
+version.py read as text; what torch itself says about mps on a Mac comes from a child Python,
+cached (torch_check.py). Tests build `Machine` values by hand to describe computers we do not own.
 """
 
 from __future__ import annotations
@@ -44,10 +43,6 @@ class Machine:
     @property
     def is_mac(self) -> bool:
         return self.system == "Darwin"
-
-    @property
-    def is_apple_silicon(self) -> bool:
-        return self.is_mac and (self.arch == "arm64" or self.rosetta)
 
     @property
     def macos_text(self) -> str:
@@ -103,10 +98,47 @@ def mps_cache_key(machine: Machine) -> str | None:
     return torch_check.cache_key(machine.python, machine.torch_version, machine.os_build)
 
 
+def loopback_interface(platform: str = sys.platform) -> str:
+    """The loopback network interface's name, as GLOO_SOCKET_IFNAME wants it."""
+    return "lo0" if platform == "darwin" else "lo"
+
+
 def version_tuple(text: str | None) -> tuple[int, ...]:
     """'2.14.1+cu130' -> (2, 14, 1); leading numeric parts only."""
     numbers = re.match(r"[\d.]*", text or "").group(0)
     return tuple(int(part) for part in numbers.split(".") if part)
+
+
+def cpu_brand() -> str | None:
+    """The processor's name: "Apple M2 Pro" on a Mac, /proc/cpuinfo's model name on Linux."""
+    if os.uname().sysname == "Darwin":
+        return _sysctl("machdep.cpu.brand_string")
+    return _proc_field("/proc/cpuinfo", "model name")
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can use: MemAvailable on Linux (it counts reclaimable page cache),
+    the physical memory elsewhere; None when unknown."""
+    kib = _proc_field("/proc/meminfo", "MemAvailable")
+    if kib:
+        return int(kib.split()[0]) * 1024
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _proc_field(path: str, name: str) -> str | None:
+    """The value of `name: value` in a /proc text file, or None."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
 
 def _macos_version(product_version: str | None) -> tuple[int, ...] | None:
@@ -141,11 +173,17 @@ def parse_sysctl(text: str) -> dict[str, str]:
     return found
 
 
-def _torch_build_facts() -> dict[str, str]:
-    """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds.
+def _sysctl(name: str) -> str | None:
+    try:
+        done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
-    (importlib.metadata would also do for the version, but costs ~20 ms on every launch.)
-    """
+
+def _torch_build_facts() -> dict[str, str]:
+    """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds
+    (and importlib.metadata, an import of its own on every launch)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {}

@@ -1,25 +1,23 @@
 """The rules: `resolve(profile, request, machine, environ) -> LaunchPlan`, a pure function.
 
-Everything mpslaunch decides lives here: precedence (flag > profile > auto-detection), the device
-choice, mixed-precision checks, the multi-process rules and the child's environment. It reads no
-files and starts nothing, so tests can describe any machine (an M1 on macOS 13, a Rosetta Python,
-Linux with 8 GPUs) and check the plan. Every refusal is an MpslaunchError whose message says what
-to do. The facts behind each rule are in shared/MPS-FACTS.md; the comment beside a rule cites it.
+Precedence, the device choice, the precision and process checks and the child's environment all
+live here; it reads no files and starts nothing, so tests can describe any machine. Each refusal
+is an MpslaunchError that says what to do; each rule cites its fact in docs/mps-facts.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping  # typing costs an import on every launch
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, version_tuple
-from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
+from mpslaunch.profile import KNOWN_KEYS, MPS_WATERMARK_MAX, Profile, check_profile, check_value
 
-# torch's MPS watermark defaults on unified memory (MPSAllocator.mm): high 1.7, low 1.4.
+# torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
+# (docs/mps-facts.md: Environment variables).
 _DEFAULT_HIGH_WATERMARK = 1.7
 _DEFAULT_LOW_WATERMARK = 1.4
-_WATERMARK_UPPER_BOUND = 2.0  # what torch allows when the high ratio is 0.0 ("no limit")
 # Above cores, CPU processes only slow each other down; far above, they exhaust memory.
 CPU_PROCESSES_PER_CORE = 4
 
@@ -42,6 +40,19 @@ class LaunchRequest:
     rdzv_backend: str | None = None
     max_restarts: int | None = None
     log_dir: str | None = None
+    # Accelerate's launch options with the same meaning here (`accelerate launch --help`).
+    gpu_ids: str | None = None
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool | None = None
+    dynamo_use_dynamic: bool | None = None
+    dynamo_use_regional_compilation: bool | None = None
+    debug: bool | None = None
+    multi_gpu: bool = False  # a check: the plan must be several GPUs
+    num_cpu_threads_per_process: int | None = None
+    tee: str | None = None
+    monitor_interval: float | None = None
+    no_python: bool = False  # run the target itself, not `python target`
 
 
 @dataclass(frozen=True)
@@ -57,17 +68,28 @@ class LaunchPlan:
     settings: Profile  # the profile after the command-line flags were applied
     log_dir: str | None = None
     warnings: tuple[str, ...] = field(default=())
+    one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
+    accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
+    monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
+    no_python: bool = False  # command[0] is the target itself
 
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_machines
 
-    def summary(self) -> str:
-        """The one line printed before the child starts."""
+    def choice(self) -> str:
+        """One line: the device and why, the precision, the processes."""
         processes = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
         if self.num_machines > 1:
             processes += f" on each of {self.num_machines} machines"
-        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {processes}"
+        if self.one_per_gpu and self.num_processes > 1:
+            processes += ", one per GPU (--num_processes 1 for one)"
+        return f"{self.reason}; precision {self.mixed_precision}; {processes}"
+
+    def summary(self) -> str:
+        """The one line printed before the child starts."""
+        logs = f"; output also in {self.log_dir}" if self.log_dir else ""
+        return f"mpslaunch: {self.choice()}{logs}"
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -77,12 +99,17 @@ class LaunchPlan:
             f"device:          {self.device}",
             f"reason:          {self.reason}",
             f"mixed precision: {self.mixed_precision}",
-            f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)",
+            f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)"
+            + (" (one per visible GPU)" if self.one_per_gpu and self.num_processes > 1 else ""),
             f"engine:          {self.engine}",
             f"command:         {shlex.join(self.command)}",
             "environment added:",
             *(f"  {key}={value}" for key, value in sorted(self.env.items())),
         ]
+        if self.log_dir and self.engine == "single":
+            lines.append(f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
+                         "stdout.log and stderr.log")
+        lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
 
@@ -90,10 +117,17 @@ class LaunchPlan:
 def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
             environ: Mapping[str, str]) -> LaunchPlan:
     settings = apply_flags(profile, request)
+    machine = with_gpu_ids(machine, settings.gpu_ids, _source(request, "gpu_ids"), environ)
     device, reason = choose_device(settings.device, request, machine)
+    one_per_gpu = settings.num_processes is None
+    if one_per_gpu:
+        settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
+    _check_launch_options(request, settings, device)
     multi = settings.num_processes > 1 or settings.num_machines > 1
+    env = child_environment(settings, device, machine, environ, multi)
+    env.update(accelerate_environment(request, settings, device))
     return LaunchPlan(
         device=device,
         reason=reason,
@@ -102,10 +136,14 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         num_machines=settings.num_machines,
         engine="torchrun" if multi else "single",
         command=child_command(request, machine),
-        env=child_environment(settings, device, machine, environ, multi),
+        env=env,
         settings=settings,
         log_dir=request.log_dir,
-        warnings=_warnings(settings, device, machine),
+        warnings=_warnings(settings, device, machine) + _no_effect(request, settings, device, multi),
+        one_per_gpu=one_per_gpu and device == "cuda",
+        accelerate_notes=accelerate_notes(request, settings, device, env),
+        monitor_interval=request.monitor_interval,
+        no_python=request.no_python,
     )
 
 
@@ -159,7 +197,7 @@ def choose_device(wanted: str, request: LaunchRequest, machine: Machine) -> tupl
 
 
 def mps_minimum_macos(torch_version: str) -> tuple[int, ...]:
-    """The oldest macOS whose MPS backend this torch supports (MPS-FACTS: Detecting MPS)."""
+    """The oldest macOS whose MPS backend this torch supports (docs/mps-facts.md: Detecting MPS)."""
     release = version_tuple(torch_version)[:2]
     if release >= (2, 9):
         return (14, 0)  # macOS 13 support dropped in 2.9 (pytorch PR #162921)
@@ -178,12 +216,12 @@ def platform_mps_problem(machine: Machine) -> str | None:
     if not machine.is_mac:
         return f"mps needs a Mac with Apple silicon and this is {machine.system} {machine.arch}"
     if machine.rosetta:
-        # An x86_64 Python under Rosetta reports x86_64 and has no MPS (MPS-FACTS: Rosetta).
+        # An x86_64 Python under Rosetta has no MPS (docs/mps-facts.md: Detecting MPS).
         return ("this Python is an x86_64 build running under Rosetta, which has no mps; "
                 "install an arm64 Python (python.org, Homebrew in /opt/homebrew, or conda "
                 "osx-arm64) and torch inside it")
     if machine.arch != "arm64":
-        # The last x86_64 macOS wheels are torch 2.2 (pytorch #114602).
+        # The last x86_64 macOS wheels are torch 2.2 (docs/mps-facts.md: Detecting MPS).
         return "this is an Intel Mac; mps training needs Apple silicon"
     if not machine.torch_version:
         return f"torch is not installed for {machine.python}; run `pip install torch`"
@@ -252,33 +290,46 @@ def _check_precision(precision: str, device: str, machine: Machine) -> None:
 
 def precision_problem(precision: str, device: str, machine: Machine) -> str | None:
     """Why this precision cannot run on this device, with what to use instead; or None."""
+    refusal = precision_refusal(precision, device, machine)
+    return "; ".join(refusal) if refusal else None
+
+
+def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[str, str] | None:
+    """(why this precision cannot run on this device, the command-line flags to use instead), or
+    None. The questionnaire and bench show the reason with advice of their own."""
     torch_release = version_tuple(machine.torch_version)
     if precision == "fp16" and device == "cpu":
         # Accelerate turns fp16 on cpu into plain fp32 without a word; we say so instead.
         return ("fp16 mixed precision does not run on cpu (Accelerate would silently train in "
-                "fp32); use --mixed_precision bf16 on cpu, or no")
+                "fp32)", "use --mixed_precision bf16 on cpu, or no")
     if precision == "fp16" and device == "mps" and torch_release < (2, 8):
-        # GradScaler works on mps from torch 2.8 (pytorch PR #150255); before, unscale_ fails.
+        # GradScaler works on mps from torch 2.8 (docs/mps-facts.md: Precision).
         return (f"fp16 training on mps needs torch 2.8 or later (GradScaler on mps), this is "
-                f"torch {machine.torch_version}; upgrade torch, or use --mixed_precision no")
+                f"torch {machine.torch_version}", "upgrade torch, or use --mixed_precision no")
     if precision == "bf16" and device == "mps":
         if machine.macos_version and machine.macos_version < (14, 0):
-            # bfloat16 on MPS needs macOS 14 (torch.backends.mps.is_macos_or_newer(14, 0)).
+            # bfloat16 on MPS needs macOS 14 (docs/mps-facts.md: Precision).
             return (f"bf16 on mps needs macOS 14 or later and this Mac runs macOS "
-                    f"{machine.macos_text}; use --mixed_precision fp16 (torch 2.8 or later) or no")
+                    f"{machine.macos_text}", "use --mixed_precision fp16 (torch 2.8 or later) or no")
         if torch_release < (2, 6):
-            # bf16 autocast on mps arrived in torch 2.6 (Accelerate refuses it below).
-            return (f"bf16 on mps needs torch 2.6 or later, this is torch "
-                    f"{machine.torch_version}; upgrade torch, or use --mixed_precision no")
+            # bf16 autocast on mps needs torch 2.6 (docs/mps-facts.md: Precision).
+            return (f"bf16 on mps needs torch 2.6 or later, this is torch {machine.torch_version}",
+                    "upgrade torch, or use --mixed_precision no")
     return None
 
 
 # ---------------------------------------------------------------- processes
 
 
+def default_processes(device: str, machine: Machine) -> int:
+    """Processes per machine when neither flag nor profile says: one per visible GPU on cuda
+    (as `accelerate launch` does without a config), one on mps and cpu."""
+    return max(1, len(machine.cuda_devices)) if device == "cuda" else 1
+
+
 def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
-        # gloo and nccl do not work with mps tensors (MPS-FACTS: Training on a Mac).
+        # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
         asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
                  else f"{settings.num_machines} machines")
         raise MpslaunchError(
@@ -286,7 +337,7 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
             f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
             "for several CPU processes, or a machine with several NVIDIA GPUs")
-    most_cpu_processes = CPU_PROCESSES_PER_CORE * machine.cpu_count
+    most_cpu_processes = most_processes("cpu", machine)
     if device == "cpu" and settings.num_processes > most_cpu_processes:
         raise MpslaunchError(
             f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
@@ -298,6 +349,16 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             f"--num_processes {settings.num_processes} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
+
+
+def most_processes(device: str, machine: Machine) -> int:
+    """The most processes per machine this device allows here: one on mps, one per visible GPU on
+    cuda, CPU_PROCESSES_PER_CORE per core on cpu."""
+    if device == "mps":
+        return 1
+    if device == "cuda":
+        return len(machine.cuda_devices)
+    return CPU_PROCESSES_PER_CORE * machine.cpu_count
 
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:
@@ -314,6 +375,8 @@ def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ..
 
 
 def child_command(request: LaunchRequest, machine: Machine) -> tuple[str, ...]:
+    if request.no_python:
+        return (request.target, *request.target_args)
     entry = ("-m", request.target) if request.module else (request.target,)
     return (machine.python, *entry, *request.target_args)
 
@@ -325,7 +388,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
         "MPSLAUNCH_NUM_PROCESSES": str(settings.num_processes * settings.num_machines),
-        # What an unmodified Accelerator() reads (accelerate/state.py).
+        # What an unmodified Accelerator() reads
+        # (docs/mps-facts.md: How Accelerate passes a plan to a script).
         "ACCELERATE_USE_CPU": "true" if device == "cpu" else "false",
         "ACCELERATE_MIXED_PRECISION": settings.mixed_precision,
     }
@@ -345,7 +409,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
 
 def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, str]:
     env = {}
-    # Read once when torch loads (MPSFallback.mm), so it must be set before the child starts.
+    # Read once when torch loads, so it must be set before the child starts
+    # (docs/mps-facts.md: Environment variables).
     if "PYTORCH_ENABLE_MPS_FALLBACK" not in environ:
         env["PYTORCH_ENABLE_MPS_FALLBACK"] = "1" if settings.mps_fallback else "0"
     high_text = environ.get("PYTORCH_MPS_HIGH_WATERMARK_RATIO")
@@ -358,7 +423,7 @@ def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, 
 
 def _low_watermark(high: float, environ: Mapping[str, str]) -> dict[str, str]:
     """Keep low <= high: torch refuses to start the allocator otherwise ('invalid low watermark')."""
-    limit = high if high > 0 else _WATERMARK_UPPER_BOUND
+    limit = high if high > 0 else MPS_WATERMARK_MAX  # 0.0: no limit; torch allows a low up to 2.0
     low_text = environ.get("PYTORCH_MPS_LOW_WATERMARK_RATIO")
     if low_text is not None:
         low = _parse_ratio("PYTORCH_MPS_LOW_WATERMARK_RATIO", low_text)
@@ -379,14 +444,134 @@ def _parse_ratio(name: str, text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0.0 <= value <= _WATERMARK_UPPER_BOUND:
+    if not 0.0 <= value <= MPS_WATERMARK_MAX:
         raise MpslaunchError(f"{name}={text!r} must be a number from 0.0 to "
-                             f"{_WATERMARK_UPPER_BOUND}; fix or unset it")
+                             f"{MPS_WATERMARK_MAX}; fix or unset it")
     return value
 
 
 def _ratio_text(value: float) -> str:
     return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0.0"
+
+
+# ---------------------------------------------------------------- Accelerate's launch options
+
+
+def _source(request: LaunchRequest, key: str) -> str:
+    """How a message names a setting: the flag when it was given, else the profile's key."""
+    return f"--{key}" if getattr(request, key, None) not in (None, False) else f"the profile's {key}"
+
+
+def with_gpu_ids(machine: Machine, gpu_ids: str | None, source: str,
+                 environ: Mapping[str, str]) -> Machine:
+    """The machine as the ranks will see it with CUDA_VISIBLE_DEVICES=gpu_ids (Accelerate's
+    meaning: driver numbers). Without NVIDIA GPUs it changes nothing (a warning says so)."""
+    if gpu_ids in (None, "all") or not machine.cuda_devices:
+        return machine
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        raise MpslaunchError(f"{source} {gpu_ids} and CUDA_VISIBLE_DEVICES="
+                             f"{environ['CUDA_VISIBLE_DEVICES']} both choose GPUs; unset one of them")
+    ids = [int(part) for part in gpu_ids.split(",")]
+    count = len(machine.cuda_devices)
+    if max(ids) >= count or len(set(ids)) != len(ids):
+        raise MpslaunchError(f"{source} {gpu_ids} names GPUs this machine does not have, or one "
+                             f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
+                             f"(numbers 0 to {count - 1})")
+    return replace(machine, cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
+
+
+def _check_launch_options(request: LaunchRequest, settings: Profile, device: str) -> None:
+    world = settings.num_processes * settings.num_machines
+    if request.multi_gpu and not (device == "cuda" and world > 1):
+        raise MpslaunchError(
+            f"--multi_gpu asks for several GPUs, but the plan is {world} process"
+            f"{'es' if world > 1 else ''} on {device}; mpslaunch starts one process per visible "
+            "NVIDIA GPU without it, so drop --multi_gpu, or what asks for one process")
+    if request.no_python and request.module:
+        raise MpslaunchError("-m and --no_python cannot be used together: -m runs a module with "
+                             "python; give one of them")
+    if request.num_cpu_threads_per_process is not None and request.num_cpu_threads_per_process < 1:
+        raise MpslaunchError(f"--num_cpu_threads_per_process must be 1 or more, not "
+                             f"{request.num_cpu_threads_per_process}")
+    if request.monitor_interval is not None and not 0 < request.monitor_interval <= 3600:
+        raise MpslaunchError(f"--monitor_interval must be a number of seconds above 0 (at most "
+                             f"3600), not {request.monitor_interval}")
+    if request.tee is not None and request.tee not in TEE_VALUES:
+        raise MpslaunchError(f"--tee must be one of {', '.join(TEE_VALUES)}, not {request.tee!r}")
+
+
+TEE_VALUES = ("0", "1", "2", "3")  # torchrun's: none, stdout, stderr, both
+
+
+def accelerate_environment(request: LaunchRequest, settings: Profile, device: str) -> dict[str, str]:
+    """The variables `accelerate launch` sets for these options (accelerate/utils/launch.py)."""
+    env = {}
+    if device == "cuda" and settings.gpu_ids not in (None, "all"):
+        env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
+    if request.num_cpu_threads_per_process is not None:
+        env["OMP_NUM_THREADS"] = str(request.num_cpu_threads_per_process)
+    if settings.dynamo_backend != "no":
+        env.update({
+            "ACCELERATE_DYNAMO_BACKEND": settings.dynamo_backend.upper(),
+            "ACCELERATE_DYNAMO_MODE": settings.dynamo_mode,
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH": str(settings.dynamo_use_fullgraph),
+            "ACCELERATE_DYNAMO_USE_DYNAMIC": str(settings.dynamo_use_dynamic),
+            "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": str(settings.dynamo_use_regional_compilation),
+        })
+    if settings.debug:
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    return env
+
+
+def accelerate_notes(request: LaunchRequest, settings: Profile, device: str,
+                     env: Mapping[str, str]) -> tuple[str, ...]:
+    """For --dry-run: what each of Accelerate's options given became."""
+    notes = []
+    if request.multi_gpu:
+        notes.append(f"--multi_gpu: checked: {settings.num_processes} processes, one per GPU")
+    if "CUDA_VISIBLE_DEVICES" in env:
+        notes.append(f"{_source(request, 'gpu_ids')} {settings.gpu_ids}: CUDA_VISIBLE_DEVICES="
+                     f"{env['CUDA_VISIBLE_DEVICES']} for the ranks, and only these GPUs count")
+    if request.num_cpu_threads_per_process is not None:
+        notes.append(f"--num_cpu_threads_per_process {request.num_cpu_threads_per_process}: "
+                     f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    if "ACCELERATE_DYNAMO_BACKEND" in env:
+        dynamo = " ".join(f"{key}={value}" for key, value in env.items() if "_DYNAMO_" in key)
+        notes.append(f"{_source(request, 'dynamo_backend')} {settings.dynamo_backend}: {dynamo}")
+    if settings.debug:
+        notes.append(f"{_source(request, 'debug')}: ACCELERATE_DEBUG_MODE=true")
+    if request.tee is not None:
+        notes.append(f"--tee {request.tee}: every rank's output always reaches the console "
+                     "(prefixed [rankN]), and with --log_dir also its files")
+    if request.monitor_interval is not None:
+        notes.append(f"--monitor_interval {request.monitor_interval:g}: torch.distributed.run's "
+                     "--monitor-interval")
+    if request.no_python:
+        notes.append(f"--no_python: each process runs {request.target} itself, not with python")
+    return tuple(notes)
+
+
+# What only torch.distributed.run uses: nothing to do with one process.
+SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "main_process_port",
+                           "machine_rank", "monitor_interval")
+
+
+def _no_effect(request: LaunchRequest, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
+    """Options given that change nothing in this plan, named rather than silently dropped."""
+    warnings = []
+    if settings.gpu_ids not in (None, "all") and device != "cuda":
+        warnings.append(f"{_source(request, 'gpu_ids')} {settings.gpu_ids} has no effect on {device}")
+    idle = [f"--{key}" for key in SEVERAL_PROCESS_OPTIONS if getattr(request, key) is not None]
+    if idle and not multi:
+        warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
+                        "one process")
+    if request.num_processes is not None and settings.num_machines > 1:
+        # Accelerate's --num_processes counts every machine's processes; an Accelerate habit here
+        # would start num_machines times too many.
+        total = request.num_processes * settings.num_machines
+        warnings.append(f"--num_processes {request.num_processes} counts this machine's processes "
+                        f"(Accelerate's counts every machine's): {total} in all")
+    return tuple(warnings)
 
 
 assert {f.name for f in fields(LaunchRequest)} >= set(KNOWN_KEYS) - {"version", "mps_fallback", "mps_memory_cap"}

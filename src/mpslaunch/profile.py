@@ -1,12 +1,8 @@
-"""Profiles: what the user wants, as plain data, loaded from and saved to YAML.
+"""Profiles: what the user wants, as plain data, read from and written to YAML.
 
-A profile knows nothing about the machine. Files are read with `yaml.safe_load` semantics only
-(no object construction), checked key by key (unknown keys, wrong types and out-of-range values
-are errors that name the key, the file and the line), and written atomically so an interrupted
-write never loses the old profile.
-
-Where profiles live: `--config_file PATH`, else `$MPSLAUNCH_CONFIG_DIR`, else the platform's user
-config folder; `default.yaml` there, plus `NAME.yaml` for `--profile NAME`.
+A profile knows nothing about the machine. Files are parsed as data only (no object is ever
+constructed), checked key by key with the file and line in every message, and written
+atomically, so an interrupted write never loses the old profile.
 """
 
 from __future__ import annotations
@@ -29,8 +25,14 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 DEVICES = ("auto", "mps", "cuda", "cpu")
 PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
+# Accelerate's torch.compile settings (accelerate launch --dynamo_*), passed on as ACCELERATE_DYNAMO_*;
+# its TPU, Neuron and HPU backends are left out: mpslaunch runs on mps, cuda or cpu.
+DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
+                   "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "tvm")
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
+MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Profile:
     version: int = PROFILE_VERSION
     device: str = "auto"
     mixed_precision: str = "no"
-    num_processes: int = 1
+    num_processes: int | None = None  # None: one per visible GPU on cuda (as Accelerate), else 1
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
@@ -47,6 +49,14 @@ class Profile:
     max_restarts: int = 0
     mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
     mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
+    # Accelerate's own settings, under its names; the child's Accelerator() reads them.
+    gpu_ids: str | None = None  # "0,2": CUDA_VISIBLE_DEVICES for the ranks; None or "all": every GPU
+    dynamo_backend: str = "no"
+    dynamo_mode: str = "default"
+    dynamo_use_fullgraph: bool = False
+    dynamo_use_dynamic: bool = False
+    dynamo_use_regional_compilation: bool = False
+    debug: bool = False  # ACCELERATE_DEBUG_MODE: Accelerate checks its collective operations
 
     def replace(self, **changes: object) -> "Profile":
         return dataclasses.replace(self, **changes)
@@ -60,7 +70,7 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "version": (int,),
     "device": (str,),
     "mixed_precision": (str,),
-    "num_processes": (int,),
+    "num_processes": (int, type(None)),
     "num_machines": (int,),
     "machine_rank": (int,),
     "main_process_ip": (str, type(None)),
@@ -69,6 +79,13 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "max_restarts": (int,),
     "mps_fallback": (bool,),
     "mps_memory_cap": (float, int, type(None)),
+    "gpu_ids": (str, type(None)),
+    "dynamo_backend": (str,),
+    "dynamo_mode": (str,),
+    "dynamo_use_fullgraph": (bool,),
+    "dynamo_use_dynamic": (bool,),
+    "dynamo_use_regional_compilation": (bool,),
+    "debug": (bool,),
 }
 KNOWN_KEYS = tuple(f.name for f in fields(Profile))
 assert set(_KEY_TYPES) == set(KNOWN_KEYS)
@@ -82,10 +99,11 @@ def check_value(key: str, value: object) -> str | None:
     if not _has_type(value, _KEY_TYPES[key]):
         wanted = " or ".join("null" if t is type(None) else t.__name__ for t in _KEY_TYPES[key])
         return f"must be {wanted}, not {_type_name(value)}{_quoted(value)}"
-    choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS}
+    choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS,
+               "dynamo_backend": DYNAMO_BACKENDS, "dynamo_mode": DYNAMO_MODES}
     if key in choices and value not in choices[key]:
         return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
-    if key in ("num_processes", "num_machines") and value < 1:
+    if key in ("num_processes", "num_machines") and value is not None and value < 1:
         return f"must be 1 or more, not {value}"
     if key in ("machine_rank", "max_restarts") and value < 0:
         return f"must be 0 or more, not {value}"
@@ -94,6 +112,8 @@ def check_value(key: str, value: object) -> str | None:
     if key == "mps_memory_cap" and value is not None and not 0.0 <= value <= MPS_WATERMARK_MAX:
         return (f"must be from 0.0 (no limit) to {MPS_WATERMARK_MAX} (a multiple of the GPU's "
                 f"recommended working set; torch rejects more), not {value}")
+    if key == "gpu_ids" and value is not None and not re.fullmatch(r"all|\d+(,\d+)*", value):
+        return f"must be GPU numbers separated by commas, such as 0,1, or all, not{_quoted(value)}"
     if key == "version" and not 1 <= value <= PROFILE_VERSION:
         return (f"is {value}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
                 "upgrade mpslaunch or write the profile again with `mpslaunch config`")
@@ -136,9 +156,14 @@ def _cut(text: str, limit: int = 80) -> str:
 
 
 def load(path: Path) -> Profile:
-    """Read and check one profile file. Every problem is an MpslaunchError naming file and line."""
+    """Read and check one profile file. Every problem is an MpslaunchError naming file and line.
+    A file that `accelerate config` wrote is read as the profile it means (accelerate_config)."""
     text = _read_text(path)
     document = _parse(text, path)
+    if _written_by_accelerate(document):
+        from mpslaunch import accelerate_config  # it imports this module
+
+        return accelerate_config.translate(_construct(document, path), path).profile
     values = {}
     for key_node, value_node in document.value:
         key = key_node.value
@@ -158,6 +183,18 @@ def load(path: Path) -> Profile:
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
     return profile
+
+
+def read_accelerate(path: Path) -> dict | None:
+    """The settings in the file at `path` when Accelerate wrote it; None for an mpslaunch profile."""
+    document = _parse(_read_text(path), path)
+    return _construct(document, path) if _written_by_accelerate(document) else None
+
+
+def _written_by_accelerate(document: yaml.MappingNode) -> bool:
+    from mpslaunch.accelerate_config import is_accelerate_config
+
+    return is_accelerate_config(key_node.value for key_node, _ in document.value)
 
 
 def _read_text(path: Path) -> str:
@@ -237,17 +274,19 @@ def _suggestion(key: str) -> str:
 # ---------------------------------------------------------------- writing
 
 
-def to_yaml(profile: Profile) -> str:
+def to_yaml(profile: Profile, leave_out: tuple[str, ...] = ()) -> str:
+    """The profile as YAML; keys in `leave_out` are not written (loading gives their defaults)."""
     import yaml
 
     header = "# mpslaunch profile: `mpslaunch config` writes it, `mpslaunch launch` reads it.\n"
-    return header + yaml.safe_dump(profile.to_dict(), sort_keys=False)
+    values = {key: value for key, value in profile.to_dict().items() if key not in leave_out}
+    return header + yaml.safe_dump(values, sort_keys=False)
 
 
-def save(profile: Profile, path: Path) -> None:
+def save(profile: Profile, path: Path, leave_out: tuple[str, ...] = ()) -> None:
     """Write atomically: temp file in the same folder, fsync, rename. The old file survives a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, to_yaml(profile))
+    write_atomically(path, to_yaml(profile, leave_out))
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -300,7 +339,8 @@ def config_dir() -> Path:
 
 
 def profile_path(config_file: str | None = None, profile_name: str | None = None) -> Path:
-    """Where the profile the user means lives (whether or not it exists yet)."""
+    """Where the profile the user means lives (whether or not it exists yet): --config_file PATH,
+    else NAME.yaml (default.yaml) in the config folder."""
     if config_file and profile_name:
         raise MpslaunchError("give either --config_file or --profile, not both")
     if config_file:

@@ -15,12 +15,14 @@ import torch
 from mpslaunch.commands import bench as bench
 from mpslaunch.bench import devices as bench_devices
 from mpslaunch.bench import measure as bench_measure
+from mpslaunch.bench import report as bench_report
 from mpslaunch.bench import timing as bench_timing
 from mpslaunch.bench.report import (
     CSV_COLUMNS, DOES_NOT_FIT, FAILED, OK, Result, crossovers, format_table, speedups,
 )
 from mpslaunch.bench.timing import Timing
 from mpslaunch.errors import MpslaunchError
+from conftest import MACHINES
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
         "--warmup", "1", "--budget", "0.5"]
@@ -260,6 +262,23 @@ def test_table_shows_speedup_and_status_without_widening_columns():
     assert lines[1:4] == without_unfit[1:4]
 
 
+def test_unreliable_points_are_marked_in_the_table_and_the_plot():
+    environment = {"torch": "2.x", "devices": {"cpu": "x", "cuda": "y"}}
+    spread = Timing(1e-3, 0.5e-3, 2e-3, 5, 1)  # IQR 1.5 ms, above half the 1 ms median
+    results = [Result("matvec", "float32", "cpu", 16, OK, 1.0, spread), point("cuda", 16, 1e-4),
+               point("cpu", 32, 1e-3), point("cuda", 32, 1e-4)]
+    lines = format_table(results, environment).splitlines()
+    assert lines[2].endswith("unreliable: IQR above half the median")
+    assert not any("unreliable" in line for line in lines[3:6])
+    figure = bench_report.draw(results, environment)
+    time_panel, speedup_panel = figure.axes[:2]
+    for panel in (time_panel, speedup_panel):  # the cuda speedup at 16 rests on the shaky cpu time
+        labels = [text.get_text() for text in panel.get_legend().get_texts()]
+        assert "unreliable: IQR above half the median" in labels
+        [ring] = [c for c in panel.collections if c.get_label().startswith("unreliable")]
+        assert [x for x, _ in ring.get_offsets()] == [16]
+
+
 # ---- devices and bad input -------------------------------------------------------------------
 
 def test_devices_default_to_cpu_plus_every_accelerator(monkeypatch):
@@ -269,12 +288,13 @@ def test_devices_default_to_cpu_plus_every_accelerator(monkeypatch):
     assert bench_devices.choose_devices(["mps", "cpu"], cpu_only=False) == ["cpu", "mps"]
 
 
-def test_bf16_on_mps_before_macos_14_is_refused(monkeypatch):
-    monkeypatch.setattr(bench_devices, "_mps_is_macos_or_newer", lambda major, minor: False)
-    with pytest.raises(MpslaunchError, match="bfloat16 on mps needs macOS 14"):
-        bench_devices.check_dtype_supported("mps", "bfloat16")
-    bench_devices.check_dtype_supported("mps", "float16")
-    bench_devices.check_dtype_supported("cpu", "bfloat16")
+def test_bf16_on_mps_before_macos_14_is_refused():
+    ventura = MACHINES["m1_macos13_torch2.8"]
+    with pytest.raises(MpslaunchError, match="bf16 on mps needs macOS 14"):
+        bench_devices.check_dtype_supported("mps", "bfloat16", ventura)
+    bench_devices.check_dtype_supported("mps", "float16", ventura)
+    bench_devices.check_dtype_supported("cpu", "bfloat16", ventura)
+    bench_devices.check_dtype_supported("mps", "bfloat16", MACHINES["m1_macos14"])
 
 
 BAD_INPUT = [
@@ -282,9 +302,9 @@ BAD_INPUT = [
     (["--sizes", "1e3"], "--sizes takes positive whole numbers"),
     (["--sizes", ","], "--sizes is empty"),
     (["--batch-sizes", "-4"], "--batch-sizes takes positive whole numbers"),
-    (["--dtype", "fp8"], "Unknown dtype 'fp8'"),
-    (["--devices", "tpu"], "Unknown device 'tpu'"),
-    (["--workload", "resnet"], "Unknown workload 'resnet'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--devices", "tpu"], "unknown device 'tpu'"),
+    (["--workload", "resnet"], "unknown workload 'resnet'"),
     (["--repeats", "0"], "--repeats must be at least 1"),
 ]
 
@@ -303,6 +323,24 @@ def test_asking_for_a_missing_accelerator_is_an_error_not_a_fallback():
         bench.main(parse(["--devices", "cpu,cuda"]))
 
 
+NO_ACCELERATOR = "mpslaunch: warning: this machine has no usable accelerator (mps or cuda)"
+
+
+@pytest.mark.skipif(bool(bench_devices.accelerators_present()), reason="needs a machine without one")
+def test_no_accelerator_is_said_before_measuring(monkeypatch, capsys):
+    said_before_measuring = []
+
+    def measure_nothing(options):
+        said_before_measuring.append(capsys.readouterr().err)
+        return [], False
+
+    monkeypatch.setattr(bench, "run_all", measure_nothing)
+    assert bench.main(parse(["--workload", "matvec", "--sizes", "16"])) == 0
+    assert said_before_measuring[0].startswith(NO_ACCELERATOR)
+    assert bench.main(parse(["--cpu", "--workload", "matvec", "--sizes", "16"])) == 0
+    assert said_before_measuring[1] == ""  # --cpu asked for the cpu alone
+
+
 def test_cli_module_import_does_not_load_torch_or_config_only_packages():
     # cli.py imports bench to build its parser; the launcher must stay torch-free there, and
     # the GPU machine has no questionary/platformdirs.
@@ -317,6 +355,14 @@ def test_cli_module_import_does_not_load_torch_or_config_only_packages():
 def run_cli(*argv: str, python_options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *python_options, "-m", "mpslaunch", "bench", *argv],
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(bool(bench_devices.accelerators_present()), reason="needs a machine without one")
+def test_cli_without_an_accelerator_warns_then_measures_the_cpu():
+    done = run_cli("--workload", "matvec", "--sizes", "16", "--repeats", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0].startswith(NO_ACCELERATOR)
+    assert {row["device"] for row in json.loads(done.stdout)["results"]} == {"cpu"}
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "0"], ["--devices", "tpu"],

@@ -1,7 +1,7 @@
 """`mpslaunch config`: writing, --default, show, interruptions, and the CLI end to end.
 
 The questionnaire runs here through prompt_toolkit pipe input and, once, in a real terminal
-(tmux send-keys / capture-pane); that one test is skipped only when tmux is not installed.
+(tmux send-keys / capture-pane); those tests are skipped only when tmux is not installed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from prompt_toolkit.output import DummyOutput
 
 from mpslaunch.commands import config as configure
 from mpslaunch import profile as profiles
-from mpslaunch.machine import Machine
+from conftest import MACHINES
+from mpslaunch.machine import Machine, probe
 from mpslaunch.profile import Profile
 
 M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M2",
@@ -36,6 +37,12 @@ def run_cli(*args: str, config_dir: Path, stdin=subprocess.DEVNULL) -> subproces
     env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(config_dir)}
     return subprocess.run([sys.executable, "-m", "mpslaunch", *args], capture_output=True, text=True,
                           env=env, stdin=stdin, timeout=60)
+
+
+def default_here() -> Profile:
+    """What --default writes on the machine running the tests (the rule itself is tested on
+    described machines below): one process per NVIDIA GPU, else one."""
+    return configure.default_profile(probe(), os.environ)
 
 
 def interactive(path: Path, machine: Machine, keys: str, close: bool = False) -> int:
@@ -72,7 +79,7 @@ def test_interrupted_questions_create_no_file(tmp_path):
 def test_answers_are_written_shown_and_loadable(tmp_path, capsys):
     path = tmp_path / "sub" / "fast.yaml"
     assert interactive(path, M2, "\r" "\x1b[B\r" "\r" "\r") == 0  # auto, fp16, fallback, no cap
-    assert profiles.load(path) == Profile(mixed_precision="fp16")
+    assert profiles.load(path) == Profile(mixed_precision="fp16", num_processes=1)
     out = capsys.readouterr().out
     assert f"Wrote {path}" in out and "mixed_precision: fp16" in out
     assert "device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1" in out
@@ -89,8 +96,8 @@ def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
     path = tmp_path / "default.yaml"
     path.write_text("devise: mps\n")
     assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0
-    assert "cannot be used as a starting point" in capsys.readouterr().out
-    assert profiles.load(path) == Profile()
+    assert "mpslaunch: warning: the existing profile cannot be used as a starting point" in capsys.readouterr().err
+    assert profiles.load(path) == Profile(num_processes=1)
 
 
 # ---------------------------------------------------------------- --default and show
@@ -102,8 +109,20 @@ def test_default_on_apple_silicon_means_auto_which_is_mps(tmp_path, capsys, monk
     args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
     assert configure.main(args) == 0
     written = profiles.load(path)
-    assert written == Profile() and written.device == "auto"
+    assert written == Profile(num_processes=1) and written.device == "auto"
     assert "device auto -> mps: Apple M2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("machine, processes", [
+    ("linux_8gpu", 8), ("linux_2gpu", 2), ("linux_1gpu", 1), ("m2_macos15", 1), ("linux_cpu", 1),
+])
+def test_default_writes_what_auto_means_on_the_machine(tmp_path, capsys, monkeypatch, machine, processes):
+    monkeypatch.setattr(configure.machine_probe, "probe", lambda: MACHINES[machine])
+    path = tmp_path / "default.yaml"
+    args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
+    assert configure.main(args) == 0
+    assert profiles.load(path) == Profile(device="auto", num_processes=processes)
+    assert f"precision no; {processes} process" in capsys.readouterr().out
 
 
 def test_show_says_what_auto_becomes_and_what_would_be_refused(tmp_path):
@@ -132,14 +151,45 @@ def test_cli_without_a_terminal_asks_for_default_and_does_not_hang(tmp_path):
 def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
     done = run_cli("config", "--yes", "--profile", "fast", config_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert profiles.load(tmp_path / "fast.yaml") == Profile()
+    assert profiles.load(tmp_path / "fast.yaml") == default_here()
     shown = run_cli("config", "show", "--profile", "fast", config_dir=tmp_path)
     assert shown.returncode == 0 and shown.stdout.startswith(f"# {tmp_path / 'fast.yaml'}")
     assert "on this machine: device auto -> " in shown.stdout
 
     target = tmp_path / "elsewhere" / "mine.yaml"
     assert run_cli("config", "--default", "--config_file", str(target), config_dir=tmp_path).returncode == 0
-    assert profiles.load(target) == Profile()
+    assert profiles.load(target) == default_here()
+
+
+def test_cli_says_how_to_use_a_named_profile(tmp_path):
+    done = run_cli("config", "--default", "--profile", "trial", config_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "use it with `mpslaunch launch --profile trial script.py`"
+
+
+def test_a_profile_written_off_a_mac_has_no_mps_keys_and_still_loads(tmp_path):
+    done = run_cli("config", "--default", config_dir=tmp_path)  # this machine is no Mac
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "default.yaml").read_text()
+    assert "device: auto" in written and "mps_" not in written
+    assert profiles.load(tmp_path / "default.yaml") == default_here()
+    shown = run_cli("config", "show", config_dir=tmp_path)
+    assert shown.returncode == 0 and "mps_" not in shown.stdout
+    # A profile from a Mac, with the MPS keys, loads and shows here too.
+    configure.write(Profile(mps_fallback=False), tmp_path / "mac.yaml", M2)
+    assert "mps_fallback: false" in (tmp_path / "mac.yaml").read_text()
+    shown = run_cli("config", "show", "--profile", "mac", config_dir=tmp_path)
+    assert shown.returncode == 0 and "mps_fallback: false" in shown.stdout
+
+
+@pytest.mark.parametrize("spelling", [["--default"], ["default"]])
+def test_cli_default_takes_accelerate_style_choices(tmp_path, spelling):
+    done = run_cli("config", *spelling, "--mixed_precision", "bf16", "--num-processes", "2",
+                   "--device", "cpu", config_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = profiles.load(tmp_path / "default.yaml")
+    assert written == Profile(device="cpu", mixed_precision="bf16", num_processes=2)
+    assert "on this machine: device cpu -> cpu: asked for by the profile; precision bf16; 2 processes" in done.stdout
 
 
 def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
@@ -154,6 +204,10 @@ def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
     (("config", "--default", "--profile", "a", "--config_file", "b.yaml"), "not both"),
     (("config", "--default", "--profile", "bad/name"), "plain name"),
     (("config", "--default", "--config_file", "."), "is a folder"),
+    (("config", "--mixed_precision", "bf16"), "goes with `config --default`"),
+    (("config", "show", "--device", "cpu"), "goes with `config --default`"),
+    (("config", "default", "--mixed_precision", "fp16", "--device", "cpu"), "bf16 on cpu"),
+    (("config", "--default", "--num_processes", "0"), "--num_processes must be 1 or more"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, args, words):
     done = run_cli(*args, config_dir=tmp_path)
@@ -215,16 +269,43 @@ def test_questions_in_a_real_terminal(terminal, tmp_path):
     screen = terminal()
     screen.wait_for("Which device should training use?")
     screen.keys("Up", "Enter")  # the list wraps round: cpu is always the last choice
-    if (os.cpu_count() or 1) > 1:
-        screen.wait_for("How many CPU processes")
-        screen.keys("1", "Enter")
+    screen.wait_for("How many CPU processes")  # up to 4 per core: asked even on one core
+    screen.keys("1", "Enter")
     screen.wait_for("several machines?")
     screen.keys("n")
     screen.wait_for("Mixed precision?")
     screen.keys("Down", "Enter")  # bf16
     text = screen.wait_for("EXIT=")
     assert "EXIT=0" in text and "fp16 not offered" in text
-    assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16")
+    assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16", num_processes=1)
+
+
+def test_a_wrong_answer_shows_right_under_its_question_in_a_real_terminal(terminal):
+    screen = terminal()
+    screen.wait_for("Which device should training use?")
+    screen.keys("Up", "Enter")
+    screen.wait_for("How many CPU processes")
+    screen.keys("9999", "Enter")
+    lines = screen.wait_for("give a number from 1 to").splitlines()
+    asked = next(i for i, line in enumerate(lines) if "How many CPU processes" in line)
+    assert "give a number from 1 to" in lines[asked + 1]
+
+
+def test_the_rendezvous_choices_say_what_they_mean_in_a_real_terminal(terminal):
+    screen = terminal()
+    screen.wait_for("Which device should training use?")
+    screen.keys("Up", "Enter")
+    screen.wait_for("How many CPU processes")
+    screen.keys("Enter")
+    screen.wait_for("several machines?")
+    screen.keys("y")
+    for question, answer in (("How many machines?", "Enter"), ("rank", "Enter"),
+                             ("Address of the main machine", "10.0.0.1"), ("Port", "Enter")):
+        screen.wait_for(question)
+        screen.keys(answer) if answer == "Enter" else screen.keys(answer, "Enter")
+    text = screen.wait_for("Rendezvous backend?")
+    assert "static: each machine keeps the rank given above" in text
+    assert "c10d: torch gives each machine its rank as it joins" in text
 
 
 def test_ctrl_c_in_a_real_terminal_keeps_the_profile(terminal, tmp_path):

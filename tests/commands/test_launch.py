@@ -176,7 +176,7 @@ def test_child_exit_code_passes_through(tmp_path, body, expected):
     (["launch", "--mixed_precision", "fp16", "--cpu", "{script}"], "bf16 on cpu"),
     (["launch", "--profile", "nope", "{script}"], "no profile at"),
     (["launch", "--profile", "../etc", "{script}"], "plain name"),
-    (["launch"], "required: script"),
+    (["launch"], "no script given"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expected):
     script = write_script(tmp_path, "ok.py", "raise SystemExit('must not run')")
@@ -241,3 +241,19 @@ open(sys.argv[1], "w").write(str(grandchild.pid))
     while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(grandchild)
+
+
+def test_log_dir_with_one_process_keeps_the_output_in_files_too(tmp_path):
+    script = write_script(tmp_path, "talk.py", """
+import sys
+print("to stdout")
+print("to stderr", file=sys.stderr)
+sys.exit(3)
+""")
+    result = run_cli("launch", "--cpu", "--log_dir", str(tmp_path / "logs"), str(script))
+    assert result.returncode == 3
+    assert result.stdout == "to stdout\n" and "to stderr\n" in result.stderr
+    assert f"output also in {tmp_path / 'logs'}" in result.stderr
+    [run] = (tmp_path / "logs").iterdir()
+    assert (run / "stdout.log").read_text() == "to stdout\n"
+    assert (run / "stderr.log").read_text() == "to stderr\n"

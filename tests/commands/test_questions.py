@@ -15,7 +15,9 @@ from prompt_toolkit.application import create_app_session
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
+from conftest import MACHINES
 from mpslaunch import profile as profiles
+from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
@@ -67,7 +69,7 @@ def test_m2_offers_mps_every_precision_and_one_process():
     assert process_counts("mps", M2_SONOMA) == (1,)
     assert not several_machines_possible("mps", M2_SONOMA)
     # cpu on a Mac may run several processes: that is what the mps refusal points to.
-    assert process_counts("cpu", M2_SONOMA) == tuple(range(1, 9))
+    assert process_counts("cpu", M2_SONOMA) == tuple(range(1, 4 * 8 + 1))
 
 
 def test_m1_on_macos_13_hides_bf16_with_the_reason():
@@ -93,10 +95,38 @@ def test_linux_with_8_gpus_offers_cuda_and_up_to_8_processes():
 
 def test_linux_cpu_offers_several_cpu_processes_and_hides_fp16():
     assert device_offer(LINUX_CPU).choices == ("auto", "cpu")
-    assert process_counts("cpu", LINUX_CPU) == tuple(range(1, 17))
+    assert process_counts("cpu", LINUX_CPU) == tuple(range(1, 4 * 16 + 1))
     offer = precision_offer("cpu", LINUX_CPU)
     assert offer.choices == ("no", "bf16")
     assert "fp16" in dict(offer.hidden)
+
+
+def test_cpu_processes_offered_are_exactly_those_launch_accepts():
+    two_cores = MACHINES["linux_cpu"]
+    offered = process_counts("cpu", two_cores)
+    for count in range(1, 2 * max(offered)):
+        try:
+            resolve(Profile(num_processes=count), LaunchRequest(target="x.py", cpu=True), two_cores, {})
+            accepted = True
+        except MpslaunchError:
+            accepted = False
+        assert accepted == (count in offered), count
+    assert 4 in offered  # `launch --cpu --num_processes 4` on 2 cores runs, with a warning
+
+
+def test_notes_name_no_flag_and_wrap_between_words(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")
+    _, notes = answer(LINUX_CPU, DOWN + ENTER + ENTER + "n" + ENTER)  # cpu, 1 process, no
+    assert all(len(line) <= 50 for line in notes.splitlines()), notes
+    assert "fp16 not offered: fp16 mixed precision does not run on cpu (Accelerate would " \
+           "silently train in fp32)" in " ".join(notes.split())
+    assert "--" not in notes
+
+
+def test_a_wrong_answer_is_named_under_its_question_and_asked_again():
+    profile, notes = answer(LINUX_8_GPUS, ENTER + "9" + ENTER + "3" + ENTER + "n" + ENTER, close=True)
+    assert "give a number from 1 to 8" in notes
+    assert profile.num_processes == 3
 
 
 @pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: f"{m.chip or m.system}-{m.torch_version}")
@@ -115,7 +145,8 @@ def test_everything_offered_is_accepted_by_resolve(machine):
 def test_m2_asks_mps_questions_and_never_processes(tmp_path):
     keys = ENTER + DOWN + DOWN + ENTER + "n" + "1.5" + ENTER  # auto, bf16, no fallback, cap 1.5
     profile, notes = answer(M2_SONOMA, keys)
-    assert profile == Profile(device="auto", mixed_precision="bf16", mps_fallback=False, mps_memory_cap=1.5)
+    assert profile == Profile(device="auto", mixed_precision="bf16", num_processes=1, mps_fallback=False,
+                           mps_memory_cap=1.5)
     assert "one process" in notes and "cuda not offered" in notes
     plan = loads_and_resolves(profile, M2_SONOMA, tmp_path)
     assert plan.device == "mps" and plan.num_processes == 1
@@ -157,7 +188,8 @@ def test_linux_cpu_asks_for_cpu_processes(tmp_path):
 
 
 def test_existing_answers_are_the_defaults():
-    start = Profile(device="mps", mixed_precision="bf16", mps_fallback=False, mps_memory_cap=1.2)
+    start = Profile(device="mps", mixed_precision="bf16", num_processes=1, mps_fallback=False,
+                    mps_memory_cap=1.2, dynamo_backend="inductor", debug=True)  # those two: not asked
     profile, _ = answer(M2_SONOMA, ENTER * 4, start=start)
     assert profile == start
 

@@ -33,7 +33,7 @@ def test_one_cpu_process_passes():
     assert check_names(done) == [("PASS", "device"), ("PASS", "train step"),
                                  ("PASS", "mixed precision")]
     assert done.stdout.splitlines()[0].startswith("mpslaunch: cpu")
-    assert done.stdout.splitlines()[-1] == "mpslaunch test: all 3 checks passed."
+    assert done.stdout.splitlines()[-1] == "mpslaunch test: all 3 checks passed"
 
 
 def test_two_cpu_processes_from_a_profile_pass_with_an_all_reduce(tmp_path):
@@ -56,7 +56,7 @@ def test_a_check_that_fails_says_what_to_change_and_exits_1():
     assert ("FAIL", "device") in check_names(done)
     assert "Accelerator() put this process on meta, the plan says cpu" in done.stdout
     assert "what to change: unset ACCELERATE_TORCH_DEVICE=meta" in done.stdout
-    assert done.stdout.splitlines()[-1] == "mpslaunch test: 2 of 3 checks passed."
+    assert done.stdout.splitlines()[-1] == "mpslaunch test: 2 of 3 checks passed"
 
 
 def test_json_gives_the_plan_and_every_check_with_its_fix():
@@ -186,5 +186,5 @@ def test_output_has_one_line_per_check_and_a_fix_under_each_failure():
         "PASS  device      cpu",
         "FAIL  all-reduce  summed to 2",
         "                  what to change: check the port",
-        "mpslaunch test: 1 of 2 checks passed.",
+        "mpslaunch test: 1 of 2 checks passed",
     ]

@@ -1,13 +1,13 @@
 """Faults and bad input, single process: what the launcher promises still holds when things break.
 
-Complements tests/test_launch_cli.py (signals recorded by the child, exit codes, grace-period
+Complements tests/commands/test_launch.py (signals recorded by the child, exit codes, grace-period
 kill, one-line CLI errors) and tests/test_profile.py (malformed profiles, atomic writes,
 hypothesis). Here: every process of a run is found by a marker in its environment (so a helper
 the script started cannot hide), the launcher is also driven in-process (so its own leaks —
 file descriptors, temp files, zombies, signal handlers — are visible), profile writers are
 SIGKILLed mid-write, files hit the size limit for real, and inputs built to hang or exhaust the
 loader (alias bombs, deep nesting, /dev/zero, a FIFO) are refused with one line.
-Several processes: tests/test_faults_multiprocess.py.
+Several processes: tests/run/torchrun/test_faults_multiprocess.py.
 """
 
 from __future__ import annotations
@@ -213,7 +213,8 @@ def test_a_signal_arriving_while_the_child_starts_is_held_then_forwarded(tmp_pat
 
 def test_launcher_killed_with_sigkill_takes_the_script_with_it(tmp_path, marker):
     """Linux: the child asked for a parent-death signal, so even a SIGKILLed launcher stops it.
-    (Helpers the script started are not covered: nothing is left to kill them; see the README.)"""
+    (Helpers the script started are not covered: nothing is left to kill them; see
+    tests/README.md.)"""
     script = write_script(tmp_path, "wait.py", """
 import os, sys, time
 open(sys.argv[1], "w").write(f"{os.getpid()}\\n")
@@ -379,8 +380,9 @@ def slow_fsync(descriptor):
     real_fsync(descriptor)
 os.fsync = slow_fsync
 versions = [Profile(num_processes=n, main_process_ip=letter * 50_000) for n, letter in ((2, "a"), (3, "b"))]
-rendered = {profile: profiles.to_yaml(profile) for profile in versions}  # YAML emitting is slow:
-profiles.to_yaml = rendered.__getitem__  # render once, so the loop spends its time writing
+rendered = {profile: profiles.to_yaml(profile) for profile in versions}
+# YAML emitting is slow: render once, so that the loop spends its time writing.
+profiles.to_yaml = lambda profile, leave_out=(): rendered[profile]
 print("ready", flush=True)
 for number in range(10**9):
     profile = versions[number % 2]

@@ -1,10 +1,8 @@
 """One benchmark point, made safe: memory check, allocation, timing, clean-up.
 
-A size that cannot fit is reported as "does not fit" instead of crashing the sweep: first by
-comparing the bytes the inputs need with the memory the device reports free (so a huge cpu
-size never wakes the kernel's OOM killer), then by catching the backend's out-of-memory error.
-Any other runtime error of the op (e.g. a dtype an older torch has no kernel for) is reported
-as "failed" with its first line. Device memory is freed after every point.
+A size that cannot fit is "does not fit" (from the free memory first, so a huge cpu size never
+wakes the OOM killer; then from the backend's out-of-memory error); any other error of the op
+is "failed" with its first line. Device memory is freed after every point.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 from mpslaunch.bench import devices, workloads
 from mpslaunch.bench.report import DOES_NOT_FIT, FAILED, OK, Result
 from mpslaunch.bench.timing import time_op
+from mpslaunch.errors import error_line
 
 # Leave headroom: the allocator, the framework and the rest of the system need some too.
 USABLE_FRACTION = 0.9
@@ -33,15 +32,15 @@ def _measure(workload: str, dtype: str, size: int, device: str, options) -> Resu
     if too_big:
         return Result(status=DOES_NOT_FIT, note=too_big, **point)
     try:
-        prepared = workloads.prepare(workload, device, dtype, size)
+        op = workloads.prepare(workload, device, dtype, size)
         timing = time_op(
-            prepared.op, lambda: devices.synchronize(device),
+            op, lambda: devices.synchronize(device),
             repeats=options.repeats, warmup=options.warmup, budget_seconds=options.budget,
         )
     except (RuntimeError, TypeError, NotImplementedError, MemoryError) as error:
         if devices.is_out_of_memory(error):
             return Result(status=DOES_NOT_FIT, note="out of memory", **point)
-        return Result(status=FAILED, note=_first_line(error), **point)
+        return Result(status=FAILED, note=error_line(error)[:200], **point)
     return Result(status=OK, timing=timing, **point)
 
 
@@ -51,8 +50,3 @@ def _does_not_fit_reason(workload: str, dtype: str, size: int, device: str) -> s
     if needed is None or available is None or needed <= available * USABLE_FRACTION:
         return ""
     return f"needs {needed / GIB:.1f} GiB, {available / GIB:.1f} GiB free"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]

@@ -1,14 +1,7 @@
-"""Turning measurements into answers: the terminal table, crossovers, bench.csv, bench.png, JSON.
+"""Turning measurements into answers: the table, crossovers, bench.csv, bench.png, JSON.
 
-One Result per (workload, dtype, device, size). Derived numbers:
-- GFLOP/s = FLOPs of one op / median seconds per op.
-- speedup = cpu median / accelerator median at the same workload, dtype and size (>1: the
-  accelerator is faster). Empty for cpu rows and where either side did not run.
-- crossover, per workload, dtype and accelerator: the smallest measured size from which the
-  accelerator is faster at every larger measured size too; below it the cpu wins.
-
-Does not import torch; matplotlib is imported only when a plot is written (Agg backend, no
-display needed).
+speedup = cpu median / accelerator median at the same point; the crossover is the smallest size
+from which the accelerator wins at every larger size too. No torch; matplotlib only for the plot.
 """
 
 from __future__ import annotations
@@ -33,6 +26,8 @@ CSV_COLUMNS = (
 )
 
 SIZE_LABEL = {"matvec": "m", "matmul": "m", "train": "batch"}
+UNRELIABLE_SPREAD = 0.5  # an IQR above half the median: the samples disagree too much to trust
+UNRELIABLE_NOTE = "unreliable: IQR above half the median"
 
 
 @dataclass(frozen=True)
@@ -45,6 +40,10 @@ class Result:
     flops: float
     timing: Timing | None = None
     note: str = ""
+
+    @property
+    def unreliable(self) -> bool:
+        return self.timing is not None and self.timing.iqr_s > UNRELIABLE_SPREAD * self.timing.median_s
 
     @property
     def gflops(self) -> float | None:
@@ -106,12 +105,12 @@ def _crossover(
     head = f"{workload} {dtype}, {device} vs cpu:"
     if first_of_winning_run == len(wins):
         return Crossover(workload, dtype, device, None,
-                         f"{head} cpu faster at the largest {label} measured ({at_largest}).")
+                         f"{head} cpu faster at the largest {label} measured ({at_largest})")
     size = group[first_of_winning_run].size
     if first_of_winning_run == 0:
-        text = f"{head} {device} faster at every {label} measured ({at_largest})."
+        text = f"{head} {device} faster at every {label} measured ({at_largest})"
     else:
-        text = f"{head} cpu faster below {label}={size}, {device} faster from there ({at_largest})."
+        text = f"{head} cpu faster below {label}={size}, {device} faster from there ({at_largest})"
     return Crossover(workload, dtype, device, size, text)
 
 
@@ -176,11 +175,13 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
               for i in range(len(header))]
     right_aligned = {2, 4, 5, 6, 7}
     lines = [_environment_line(environment)]
-    for row in table:
+    for row, result in zip(table, [None, *results]):
         cells = [c.rjust(w) if i in right_aligned else c.ljust(w)
                  for i, (c, w) in enumerate(zip(row, widths))]
         if len(row) < len(header):
             cells[-1] = row[-1]
+        if result is not None and result.unreliable:
+            cells.append(UNRELIABLE_NOTE)
         lines.append("  ".join(cells).rstrip())
     found = crossovers(results)
     if found:
@@ -188,7 +189,7 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
         lines.extend(c.summary for c in found)
     elif all(r.device == "cpu" for r in results):
         lines.append("")
-        lines.append("cpu only: no accelerator measured, so no speedup or crossover to report.")
+        lines.append("cpu only: no accelerator measured, so no speedup or crossover to report")
     return "\n".join(lines)
 
 
@@ -216,6 +217,14 @@ def _environment_line(environment: dict[str, object]) -> str:
 # ---- plot -----------------------------------------------------------------------------------
 
 def write_png(results: list[Result], environment: dict[str, object], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure = draw(results, environment)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def draw(results: list[Result], environment: dict[str, object]):
     """One row per workload: log-log time per op vs size, and speedup vs size."""
     import matplotlib
 
@@ -241,8 +250,7 @@ def write_png(results: list[Result], environment: dict[str, object], path: Path)
             _plot_speedups(axes[row][1], workload, mine, speedup, colors, sizes)
     figure.suptitle(f"mpslaunch bench | {_environment_line(environment)}", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    return figure
 
 
 def _series(results: list[Result]) -> dict[tuple[str, str], list[Result]]:
@@ -272,11 +280,20 @@ def _plot_times(ax, workload: str, results: list[Result], colors: dict) -> None:
         ]
         ax.errorbar([r.size for r in points], medians, yerr=spread, marker="o", capsize=3,
                     color=colors[(device, dtype)], label=f"{device} {dtype}")
+    shaky = [r for r in results if r.unreliable]
+    _circle(ax, [r.size for r in shaky], [r.timing.median_s for r in shaky])
     ax.set_yscale("log")
     ax.set_ylabel("seconds per op (median, IQR bars)")
     ax.set_title(f"{workload}: time per op")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+
+
+def _circle(ax, sizes: list[int], values: list[float]) -> None:
+    """Ring the unreliable points, with one legend entry that says what the ring means."""
+    if sizes:
+        ax.scatter(sizes, values, s=150, facecolors="none", edgecolors="red", linewidths=1.5,
+                   zorder=3, label=UNRELIABLE_NOTE)
 
 
 def _plot_speedups(ax, workload: str, results: list[Result], speedup: dict[int, float],
@@ -286,6 +303,10 @@ def _plot_speedups(ax, workload: str, results: list[Result], speedup: dict[int, 
         if points:
             ax.plot([r.size for r in points], [speedup[id(r)] for r in points], marker="o",
                     color=colors[(device, dtype)], label=f"{device} {dtype}")
+    # A speedup is as unreliable as either of its two times.
+    shaky_cpu = {_key(r) for r in results if r.device == "cpu" and r.unreliable}
+    shaky = [r for r in results if id(r) in speedup and (r.unreliable or _key(r) in shaky_cpu)]
+    _circle(ax, [r.size for r in shaky], [speedup[id(r)] for r in shaky])
     ax.set_title(f"{workload}: speedup over cpu")
     if ax.get_legend_handles_labels()[0]:
         _label_sizes(ax, workload, sizes)

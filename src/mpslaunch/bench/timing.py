@@ -1,22 +1,8 @@
-"""Timing one operation correctly on a device that may run it asynchronously.
+"""Timing one op on a device that may run it asynchronously: synchronize, start the clock, run the
+op `inner` times, synchronize, stop; after warm-up, over several samples (median and IQR).
 
-cuda and mps return from `B @ a` as soon as the work is queued, so timing the Python call
-measures the queueing, not the work (the classic blog mistake). Here every timed sample is
-
-    synchronize; start clock; run the op `inner` times; synchronize; stop clock
-
-after warm-up calls (first calls pay for kernel selection, cuBLAS/MPS graph setup, allocator
-growth). `inner` is calibrated so one sample lasts about `sample_seconds`, which makes the
-synchronize and clock overhead (microseconds) negligible even for tiny ops. Several samples
-give the median and the interquartile range.
-
-Slow ops (one call longer than a sample) use inner = 1 and as many samples as fit in
-`budget_seconds`, but never fewer than MIN_SAMPLES (or `repeats`, if smaller); warm-up stops
-after one call once it has used the budget, so a big CPU matmul does not take minutes.
-
-We time by hand instead of with torch.utils.benchmark.Timer: its timer synchronizes mps only
-since it became accelerator-agnostic (pytorch/pytorch PR #157131, mid-2025, torch 2.9); before,
-it synchronized cuda alone, and this project supports torch 2.4+.
+By hand rather than torch.utils.benchmark.Timer, which synchronizes mps only from torch 2.9
+(pytorch PR #157131); mpslaunch supports torch 2.4 and later.
 """
 
 from __future__ import annotations
@@ -27,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-MIN_SAMPLES = 3
+MIN_SAMPLES = 3  # a slow op takes as many samples as fit in its budget, but never fewer
 MAX_INNER = 1_000_000
 
 

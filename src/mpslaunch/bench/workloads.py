@@ -1,39 +1,24 @@
-"""What `mpslaunch bench` measures: one op per workload, built for a device, dtype and size.
+"""What `mpslaunch bench` measures: matvec (B @ a, memory bound), matmul (B @ A, compute bound)
+and train (one step of a small CNN on 3x32x32 images; the size is the batch size).
 
-- matvec: `B @ a` with B an m x m matrix and a an m-vector (the classic blog measurement;
-  memory bound: it reads every element of B once). 2*m^2 FLOPs.
-- matmul: `B @ A` with both m x m. Compute bound for large m. 2*m^3 FLOPs.
-- train: one training step (zero_grad, forward, cross-entropy, backward, SGD step) of a small
-  CNN on a batch of 3x32x32 images; the size is the batch size. FLOPs counted by
-  torch.utils.flop_counter for forward + backward (the optimizer step is negligible). float16
-  and bfloat16 run the forward under torch.autocast, as mixed-precision training does; no
-  GradScaler, as only the time is of interest.
-
-`prepare` allocates the inputs on the device and returns the op as a closure; dropping the
-returned Prepared frees them. `bytes_needed` is a lower bound used to skip sizes that cannot fit.
+`prepare` allocates the inputs on the device and returns the op as a closure; float16 and
+bfloat16 train under torch.autocast, as mixed-precision training does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from mpslaunch.bench.devices import torch_dtype
 
-WORKLOADS = ("matvec", "matmul", "train")
-DEFAULT_WORKLOADS = ("matvec", "matmul", "train")
-
 IMAGE_SHAPE = (3, 32, 32)
 NUM_CLASSES = 10
 
 
-@dataclass
-class Prepared:
-    op: Callable[[], object]
-    flops: float
+Op = Callable[[], object]
 
 
 def flops(workload: str, size: int) -> float:
@@ -54,24 +39,24 @@ def bytes_needed(workload: str, dtype: str, size: int) -> int | None:
     return None
 
 
-def prepare(workload: str, device: str, dtype: str, size: int) -> Prepared:
+def prepare(workload: str, device: str, dtype: str, size: int) -> Op:
     builders = {"matvec": _prepare_matvec, "matmul": _prepare_matmul, "train": _prepare_train}
     return builders[workload](torch.device(device), torch_dtype(dtype), size)
 
 
-def _prepare_matvec(device: torch.device, dtype: torch.dtype, size: int) -> Prepared:
+def _prepare_matvec(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     matrix = torch.randn(size, size, device=device, dtype=dtype)
     vector = torch.randn(size, device=device, dtype=dtype)
     out = torch.empty(size, device=device, dtype=dtype)
-    return Prepared(op=lambda: torch.matmul(matrix, vector, out=out), flops=flops("matvec", size))
+    return lambda: torch.matmul(matrix, vector, out=out)
 
 
-def _prepare_matmul(device: torch.device, dtype: torch.dtype, size: int) -> Prepared:
+def _prepare_matmul(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     left = torch.randn(size, size, device=device, dtype=dtype)
     right = torch.randn(size, size, device=device, dtype=dtype)
     # A preallocated output keeps allocator (and, on cpu, page-fault) time out of the sample.
     out = torch.empty(size, size, device=device, dtype=dtype)
-    return Prepared(op=lambda: torch.matmul(left, right, out=out), flops=flops("matmul", size))
+    return lambda: torch.matmul(left, right, out=out)
 
 
 def small_cnn() -> nn.Module:
@@ -84,13 +69,13 @@ def small_cnn() -> nn.Module:
     )
 
 
-def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Prepared:
+def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     torch.manual_seed(0)
     model = small_cnn().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images = torch.randn(size, *IMAGE_SHAPE, device=device)
     labels = torch.randint(0, NUM_CLASSES, (size,), device=device)
-    autocast = dtype != torch.float32
+    autocast = dtype != torch.float32  # no GradScaler: only the time of a step matters here
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -99,7 +84,7 @@ def _prepare_train(device: torch.device, dtype: torch.dtype, size: int) -> Prepa
         loss.backward()
         optimizer.step()
 
-    return Prepared(op=step, flops=flops("train", size))
+    return step
 
 
 _train_flops_cache: list[float] = []

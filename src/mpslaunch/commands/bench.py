@@ -1,27 +1,6 @@
-"""`mpslaunch bench`: is the accelerator actually faster than the CPU, at my sizes?
-
-Measures, in this process, on cpu and every accelerator present (mps, cuda):
-  matvec  B @ a, B an m x m matrix          (--sizes, default 256 ... 8192)
-  matmul  B @ A, both m x m                 (--sizes)
-  train   one step of a small CNN           (--batch-sizes, default 32, 128, 512)
-in float32 by default (--dtype float32,bfloat16,float16).
-
-Timing is the point: warm-up calls, the device synchronized before the clock starts and before
-it stops, enough ops per sample to dwarf that overhead, several samples, median and IQR
-(see bench_timing.py). Memory is freed between sizes; a size that does not fit is reported
-as "does not fit" and the sweep goes on.
-
-Prints a table (time per op, IQR as % of the median, GFLOP/s, speedup over cpu) and, per
-workload, the crossover size below which the CPU wins. `--out DIR` writes DIR/bench.csv and
-DIR/bench.png; `--json` prints the results as JSON on stdout instead of the table. A progress
-bar runs on stderr when it is a terminal. Ctrl-C stops early and reports what was measured.
-
-Examples:
-  mpslaunch bench
-  mpslaunch bench --workload matmul --dtype float32,bfloat16 --sizes 1024,4096,16384 --out out/
-  mpslaunch bench --cpu --sizes 16,32,64 --workload matvec --json
-
-Torch is imported only when the command runs, so the CLI stays fast to start.
+"""`mpslaunch bench`: every option is checked before the first measurement (bad input fails in
+a second), then each (workload, dtype, size, device) point is measured in this process and
+reported. torch is imported only once the command runs.
 """
 
 from __future__ import annotations
@@ -31,54 +10,58 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpslaunch import machine as machine_probe
+from mpslaunch.commands.options import add_option
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.machine import Machine
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_BATCH_SIZES = (32, 128, 512)
 WORKLOADS = ("matvec", "matmul", "train")
 EXIT_INTERRUPTED = 130
+HELP = """\
+Measure whether the accelerator (mps or cuda) is faster than the CPU at your sizes:
+a matrix-vector product, a matrix product and one training step of a small CNN, on
+cpu and every accelerator present. The table gives the time per op, its spread
+(IQR, as a share of the median), GFLOP/s and the speedup over cpu; then, for each
+workload, the size from which the accelerator wins. A point whose IQR is above half
+its median is marked unreliable. Ctrl-C stops and reports what was measured.
+
+examples:
+  mpslaunch bench
+  mpslaunch bench --workload matmul --dtype float32,bfloat16 --out results/
+  mpslaunch bench --cpu --sizes 256,1024 --workload matvec --json
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--workload", default="matvec,matmul,train", metavar="LIST",
-        help="comma-separated workloads: matvec, matmul, train, or all (default: all)",
-    )
-    parser.add_argument(
-        "--sizes", default=",".join(map(str, DEFAULT_SIZES)), metavar="LIST",
-        help="matrix sizes m for matvec and matmul (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), metavar="LIST",
-        help="batch sizes for the train workload (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--dtype", default="float32", metavar="LIST",
-        help="comma-separated dtypes: float32, bfloat16, float16 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--devices", default=None, metavar="LIST",
-        help="comma-separated devices among cpu, mps, cuda (default: cpu and every "
-        "accelerator present)",
-    )
-    parser.add_argument("--cpu", action="store_true", help="measure the cpu only")
-    parser.add_argument(
-        "--repeats", type=int, default=7, metavar="N",
-        help="timed samples per measurement (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=2, metavar="N",
-        help="untimed calls before timing (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--budget", type=float, default=5.0, metavar="SECONDS",
-        help="time cap for the samples of one slow measurement; at least 3 samples are "
-        "always taken (default: %(default)s)",
-    )
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="write DIR/bench.csv and DIR/bench.png")
-    parser.add_argument("--json", action="store_true",
-                        help="print results as JSON on stdout instead of the table")
+    what = parser.add_argument_group("what to measure")
+    add_option(what, "--workload", default="all", metavar="LIST",
+               help=f"comma-separated workloads among {', '.join(WORKLOADS)}, or all "
+               "(default: %(default)s)")
+    add_option(what, "--sizes", default=",".join(map(str, DEFAULT_SIZES)), metavar="LIST",
+               help="matrix sizes m for matvec and matmul (default: %(default)s)")
+    add_option(what, "--batch_sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+               metavar="LIST", help="batch sizes for train (default: %(default)s)")
+    add_option(what, "--dtype", default="float32", metavar="LIST",
+               help="comma-separated dtypes among float32, bfloat16, float16 "
+               "(default: %(default)s)")
+    where = parser.add_argument_group("where to measure (default: cpu and every accelerator present)")
+    add_option(where, "--devices", metavar="LIST", help="comma-separated devices among cpu, mps, cuda")
+    add_option(where, "--cpu", action="store_true", help="measure the cpu only")
+    timing = parser.add_argument_group("how long")
+    add_option(timing, "--repeats", type=int, default=7, metavar="N",
+               help="timed samples per point (default: %(default)s)")
+    add_option(timing, "--warmup", type=int, default=2, metavar="N",
+               help="untimed calls before the samples (default: %(default)s)")
+    add_option(timing, "--budget", type=float, default=5.0, metavar="SECONDS",
+               help="time for the samples of one slow point; at least 3 samples are always "
+               "taken (default: %(default)g)")
+    output = parser.add_argument_group("output (default: a table on stdout)")
+    add_option(output, "--out", type=Path, metavar="DIR",
+               help="also write DIR/bench.csv and DIR/bench.png")
+    add_option(output, "--json", action="store_true",
+               help="print the results as JSON instead of the table")
 
 
 @dataclass(frozen=True)
@@ -99,9 +82,16 @@ class BenchOptions:
 def main(args: argparse.Namespace) -> int:
     from mpslaunch.bench import report as bench_report
 
-    options = parse_options(args)
+    machine = machine_probe.probe()
+    options = parse_options(args, machine)
+    if options.devices == ("cpu",) and not args.cpu and args.devices is None:
+        # Said before the minutes of measuring, not after. The cpu table still answers how fast
+        # this machine is at each size, a baseline to set against another machine's run.
+        print("mpslaunch: warning: this machine has no usable accelerator (mps or cuda), so there "
+              "is nothing to compare the cpu with; measuring the cpu alone (--cpu asks for that "
+              "without this warning)", file=sys.stderr, flush=True)
     results, interrupted = run_all(options)
-    environment = describe_environment(options.devices)
+    environment = describe_environment(options.devices, machine)
     if args.json:
         bench_report.write_json(results, environment, sys.stdout)
     else:
@@ -109,32 +99,32 @@ def main(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
     if interrupted:
-        print("mpslaunch bench: interrupted; the results above are partial.", file=sys.stderr)
+        print("mpslaunch: bench interrupted: the results above are partial", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
 
 
-def parse_options(args: argparse.Namespace) -> BenchOptions:
+def parse_options(args: argparse.Namespace, machine: Machine) -> BenchOptions:
     """Validate everything before the first measurement, so bad input fails in a second."""
     workloads = _parse_workloads(args.workload)
     sizes = _parse_sizes(args.sizes, "--sizes")
     batch_sizes = _parse_sizes(args.batch_sizes, "--batch-sizes")
     if args.repeats < 1 or args.warmup < 0 or not args.budget > 0:
         raise MpslaunchError(
-            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds."
+            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds"
         )
     from mpslaunch.bench import devices as bench_devices  # imports torch: only once the cheap checks passed
 
     dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
     if not dtypes:
-        raise MpslaunchError("--dtype is empty; pass e.g. --dtype float32,bfloat16.")
+        raise MpslaunchError("--dtype is empty; pass e.g. --dtype float32,bfloat16")
     requested = _split(args.devices) if args.devices is not None else None
     if requested is not None and not requested:
-        raise MpslaunchError("--devices is empty; pass e.g. --devices cpu,mps.")
+        raise MpslaunchError("--devices is empty; pass e.g. --devices cpu,mps")
     devices = tuple(bench_devices.choose_devices(requested, args.cpu))
     for device in devices:
         for dtype in dtypes:
-            bench_devices.check_dtype_supported(device, dtype)
+            bench_devices.check_dtype_supported(device, dtype, machine)
     return BenchOptions(workloads, sizes, batch_sizes, dtypes, devices,
                         args.repeats, args.warmup, args.budget)
 
@@ -150,8 +140,8 @@ def _parse_workloads(text: str) -> tuple[str, ...]:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown or not names:
         raise MpslaunchError(
-            f"Unknown workload {', '.join(map(repr, unknown)) or '(empty)'} in --workload; "
-            f"choose from {', '.join(WORKLOADS)} or all."
+            f"unknown workload {', '.join(map(repr, unknown)) or '(empty)'} in --workload; "
+            f"choose from {', '.join(WORKLOADS)} or all"
         )
     return tuple(dict.fromkeys(names))
 
@@ -163,11 +153,11 @@ def _parse_sizes(text: str, flag: str) -> tuple[int, ...]:
         if not part.isdigit() or int(part) < 1:
             raise MpslaunchError(
                 f"{flag} takes positive whole numbers separated by commas "
-                f"(e.g. {flag} 256,1024,4096); {part!r} is not one."
+                f"(e.g. {flag} 256,1024,4096); {part!r} is not one"
             )
         sizes.append(int(part))
     if not sizes:
-        raise MpslaunchError(f"{flag} is empty; pass e.g. {flag} 256,1024,4096.")
+        raise MpslaunchError(f"{flag} is empty; pass e.g. {flag} 256,1024,4096")
     return tuple(sorted(set(sizes)))
 
 
@@ -201,7 +191,7 @@ def run_all(options: BenchOptions):
     return results, False
 
 
-def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
+def describe_environment(devices: tuple[str, ...], machine: Machine) -> dict[str, object]:
     import platform
 
     import torch
@@ -212,7 +202,7 @@ def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "devices": {d: bench_devices.describe(d) for d in devices},
+        "devices": {d: bench_devices.describe(d, machine) for d in devices},
         # "highest" means cuda float32 matmuls do not use TF32: the fp32 numbers are true fp32.
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
@@ -225,7 +215,7 @@ def write_files(results, environment, out: Path, report_to) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise MpslaunchError(
-            f"Cannot create the --out folder {out} ({error.strerror}); pass a writable folder."
+            f"cannot create the --out folder {out} ({error.strerror}); pass a writable folder"
         ) from None
     bench_report.write_csv(results, out / "bench.csv")
     bench_report.write_png(results, environment, out / "bench.png")

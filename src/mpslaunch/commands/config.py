@@ -1,94 +1,188 @@
-"""Write a profile: the settings `mpslaunch launch` uses when no flag overrides them.
+"""`mpslaunch config`: write a profile (questions or --default), or show the one in force.
 
-  mpslaunch config                    ask a few questions about what applies to this machine
-  mpslaunch config --default          write the default profile, no questions (alias: --yes)
-  mpslaunch config show               print the profile in force, its path, and what it
-                                      resolves to on this machine
-  --profile NAME / --config_file PATH choose which profile (default: default.yaml in the
-                                      config folder, $MPSLAUNCH_CONFIG_DIR if set)
-
-The questions offer only what `mpslaunch launch` accepts on this machine (devices it has,
-precisions this Mac or GPU and torch can run, several processes only off mps) and say why
-anything is left out. The default profile says `device: auto`, which picks mps on Apple silicon,
-then cuda, then cpu; `config show` prints what auto becomes here.
-
-The questions need a terminal: with stdin not a terminal (CI, a pipe) `mpslaunch config` stops
-at once and asks for --default. Ctrl-C during the questions exits 130; end of input (Ctrl-D at
-a typed answer, or closed input) exits 2. Either way nothing is written and an existing profile
-stays as it was, byte for byte. The profile is
-written atomically (temp file, fsync, rename).
+Interrupted questions write nothing (exit 130 for Ctrl-C, 2 for end of input); a profile is
+only ever replaced whole, atomically (profile.save).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from mpslaunch import accelerate_config
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.commands.options import add_profile_options
-from mpslaunch.plan import LaunchRequest, resolve
+from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.plan import LaunchRequest, apply_flags, mps_problem, resolve
 from mpslaunch.profile import Profile
 
+HELP = """\
+Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
+
+With no options it asks a few questions and offers only what this machine can run,
+saying why anything is left out. --default (or `config default`) writes the default
+profile without questions: device auto, which picks mps on Apple silicon, then cuda,
+then cpu, and one process per NVIDIA GPU; --device, --mixed_precision and
+--num_processes change those. --from-accelerate imports an Accelerate config file.
+`config show` prints the profile in force, where it is, and what it means here.
+
+Profiles live in the config folder ($MPSLAUNCH_CONFIG_DIR when set): default.yaml,
+which `launch` reads unless told otherwise, and NAME.yaml for --profile NAME.
+Ctrl-C during the questions writes nothing.
+
+examples:
+  mpslaunch config                   answer the questions, write default.yaml
+  mpslaunch config --profile cpu4    write a second profile, cpu4.yaml
+  mpslaunch config default --mixed_precision bf16    no questions: auto device, bf16
+  mpslaunch config --from-accelerate import Accelerate's default config
+  mpslaunch config show              print the profile in force
+"""
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_END_OF_INPUT = 2
 
 
+DEFAULT_CHOICES = ("device", "mixed_precision", "num_processes")  # what --default may be told
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=("show",),
-                        help="show: print the profile in force instead of writing one")
+    parser.add_argument("action", nargs="?", choices=("show", "default"), metavar="show|default",
+                        help="show: print the profile in force instead of writing one; "
+                             "default: the same as --default")
     parser.add_argument("--default", "--yes", "-y", dest="default", action="store_true",
-                        help="write the default profile without asking (device auto)")
-    add_profile_options(parser, profile_help="named profile in the config folder",
-                        file_help="profile file to write or show")
+                        help="write the default profile without asking questions")
+    add_option(parser, "--from_accelerate", nargs="?", const="", metavar="PATH",
+               help="write the profile an Accelerate config file means (default: Accelerate's "
+                    "own default config), and show it")
+    which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
+    add_profile_options(which, profile_help="the profile NAME.yaml in the config folder",
+                        file_help="a profile file anywhere")
+    chosen = parser.add_argument_group("with --default or --from_accelerate (as `accelerate config "
+                                       "default` takes them)")
+    chosen.add_argument("--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
+    add_option(chosen, "--mixed_precision", choices=profiles.PRECISIONS, help="no (default), fp16 or bf16")
+    add_option(chosen, "--num_processes", type=int, metavar="N",
+               help="processes on this machine (default: one per NVIDIA GPU, else 1)")
 
 
 def main(args: argparse.Namespace) -> int:
+    writes_default = args.default or args.action == "default"
+    importing = getattr(args, "from_accelerate", None) is not None
+    choices = {key: getattr(args, key, None) for key in DEFAULT_CHOICES}
+    choices = {key: value for key, value in choices.items() if value is not None}
+    if choices and not (writes_default or importing):
+        raise MpslaunchError(f"--{next(iter(choices))} goes with `config --default`; the questions "
+                             "ask it (`mpslaunch config`), `config show` only prints")
     if args.action == "show":
-        if args.default:
-            raise MpslaunchError("`config show` prints a profile and `--default` writes one; give one of them")
+        if args.default or importing:
+            raise MpslaunchError("`config show` prints a profile and `--default` or "
+                                 "`--from-accelerate` writes one; give one of them")
         print(show(args.config_file, args.profile, machine_probe.probe()))
         return 0
     path = profiles.profile_path(args.config_file, args.profile)
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
-    if args.default:
-        return write(Profile(), path, machine_probe.probe())
+    if importing:
+        return from_accelerate(args.from_accelerate, path, machine_probe.probe(), choices,
+                               ask=not writes_default)
+    if writes_default:
+        machine = machine_probe.probe()
+        return write(default_profile(machine, os.environ, **choices), path, machine, how_to_use(args))
     if not sys.stdin.isatty():
         raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
                              "`mpslaunch config --default` to write the default profile, or run "
                              "`mpslaunch config` in a terminal")
-    return interactive(path, machine_probe.probe())
+    return interactive(path, machine_probe.probe(), how_to_use(args))
 
 
-def interactive(path: Path, machine: Machine) -> int:
+def how_to_use(args: argparse.Namespace) -> str:
+    """The line after a written profile: how `launch` finds it."""
+    if args.config_file:
+        return f"use it with `mpslaunch launch --config_file {shlex.quote(args.config_file)} script.py`"
+    if args.profile:
+        return f"use it with `mpslaunch launch --profile {args.profile} script.py`"
+    return "`mpslaunch launch script.py` uses it unless --profile or --config_file names another"
+
+
+def interactive(path: Path, machine: Machine, use: str = "") -> int:
     """Ask, then write. Reads and draws through the current prompt_toolkit session (tests swap it)."""
     from mpslaunch.commands import questions
 
     try:
         answers = questions.ask_profile(machine, _existing(path))
     except (KeyboardInterrupt, EOFError) as stop:
-        kept = f"; {path} is unchanged" if path.exists() else ""
-        how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"
-        print(f"mpslaunch: config {how}: nothing written{kept}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_END_OF_INPUT
-    return write(answers, path, machine)
+        return _stopped(stop, path)
+    return write(answers, path, machine, use)
 
 
-def write(profile: Profile, path: Path, machine: Machine) -> int:
+def _stopped(stop: BaseException, path: Path) -> int:
+    kept = f"; {path} is unchanged" if path.exists() else ""
+    how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"
+    print(f"mpslaunch: config {how}: nothing written{kept}", file=sys.stderr)
+    return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_END_OF_INPUT
+
+
+def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, ask: bool) -> int:
+    """Write the profile an Accelerate config means. On a Mac, `accelerate config default`'s
+    unasked use_cpu: true is questioned (ask) or replaced by mps (--default)."""
+    config_path = Path(source).expanduser() if source else accelerate_config.default_config_path()
+    if not config_path.is_file():
+        raise MpslaunchError(f"no Accelerate config file at {config_path}; give its path: "
+                             "`mpslaunch config --from-accelerate PATH`")
+    translation = accelerate_config.load(config_path)
+    if translation is None:
+        raise MpslaunchError(f"{config_path} is an mpslaunch profile, not an Accelerate config; "
+                             f"use it as it is with --config_file {config_path}")
+    print(f"Read {config_path} as an Accelerate config file.")
+    profile = translation.profile
+    if translation.basic_cpu and mps_problem(machine) is None and "device" not in choices:
+        try:
+            profile = profile.replace(device="auto" if _keep_mps(ask) else "cpu")
+        except (KeyboardInterrupt, EOFError) as stop:
+            return _stopped(stop, path)
+    profile = apply_flags(profile, LaunchRequest(target="script.py", **choices))
+    return write(profile, path, machine)
+
+
+def _keep_mps(ask: bool) -> bool:
+    why = ("its use_cpu: true is what `accelerate config default` writes on every Mac without "
+           "asking (it looks only for NVIDIA GPUs)")
+    if not ask:
+        print(f"note: {why}; the profile keeps the Mac's GPU (device auto, which is mps here); "
+              "give --device cpu to keep cpu")
+        return True
+    if not sys.stdin.isatty():
+        raise MpslaunchError(f"{why}, and stdin is not a terminal, so mpslaunch cannot ask which "
+                             "you want; add --default to keep mps, or --device cpu")
+    from mpslaunch.commands import questions
+
+    return questions.keep_mps(f"This file's {why[4:]}. Train on this Mac's GPU (mps) instead?")
+
+
+def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> Profile:
+    """--default: the defaults and the choices given, checked as `launch` checks them, with
+    num_processes written out as auto means it here (one per NVIDIA GPU, else 1)."""
+    request = LaunchRequest(target="script.py", **choices)
+    return resolve(Profile(), request, machine, environ).settings
+
+
+def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
     replaced = path.exists()
     try:
-        profiles.save(profile, path)
+        profiles.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
         raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
     print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
-    print(profiles.to_yaml(profile))
+    print(profiles.to_yaml(profile, unused_keys(profile, machine)))
     print(on_this_machine(profile, machine))
+    if use:
+        print(use)
     return 0
 
 
@@ -97,10 +191,14 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine) ->
     if path is None:
         where = profiles.profile_path(config_file, profile_name)
         head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
+    elif accelerate_config.load(path):
+        head = f"# {path}: an Accelerate config file, read as this profile"
     else:
         head = f"# {path}"
-    body = profiles.to_yaml(profile).split("\n", 1)[1]  # drop to_yaml's own comment line
-    return f"{head}\n{body}\n{on_this_machine(profile, machine)}"
+    body = profiles.to_yaml(profile, unused_keys(profile, machine)).split("\n", 1)[1]  # no comment line
+    text = f"{head}\n{body}\n{on_this_machine(profile, machine)}"
+    accelerate = accelerate_config.unused_default_note(os.environ)
+    return text + (f"\nnote: Accelerate's default config {accelerate}" if accelerate else "")
 
 
 def on_this_machine(profile: Profile, machine: Machine) -> str:
@@ -109,11 +207,15 @@ def on_this_machine(profile: Profile, machine: Machine) -> str:
         plan = resolve(profile, LaunchRequest(target="script.py"), machine, os.environ)
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
-    processes = f"{plan.num_processes} process" + ("es" if plan.num_processes > 1 else "")
-    if plan.num_machines > 1:
-        processes += f" on each of {plan.num_machines} machines"
-    return (f"on this machine: device {profile.device} -> {plan.reason}; "
-            f"precision {plan.mixed_precision}; {processes}")
+    return f"on this machine: device {profile.device} -> {plan.choice()}"
+
+
+def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:
+    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults."""
+    if machine.is_mac:
+        return ()
+    default = Profile()
+    return tuple(key for key in profiles.MPS_KEYS if getattr(profile, key) == getattr(default, key))
 
 
 def _existing(path: Path) -> Profile | None:
@@ -123,6 +225,6 @@ def _existing(path: Path) -> Profile | None:
     try:
         return profiles.load(path)
     except MpslaunchError as error:
-        print(f"note: the existing profile cannot be used as a starting point ({error}); "
-              "answering the questions replaces it")
+        print(f"mpslaunch: warning: the existing profile cannot be used as a starting point "
+              f"({error}); answering the questions replaces it", file=sys.stderr)
         return None

@@ -1,17 +1,8 @@
-"""Print the facts a bug report needs, as a fenced Markdown block to paste as is (or --json).
+"""`mpslaunch env`: the facts a bug report needs, as a Markdown block (or JSON).
 
-It lists: mpslaunch, Python, the platform, macOS version and chip where present, the versions
-of torch, torchvision and accelerate, whether MPS is built and whether it works, the CUDA
-devices torch sees, the relevant environment variables (PYTORCH_*, MPSLAUNCH_*, ACCELERATE_*,
-CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS), the profile in force, and what `mpslaunch launch` would
-choose with it on this machine.
-
-"MPS works" is proven, not assumed: a separate Python process (this one never imports torch)
-allocates a small tensor on mps, multiplies it and synchronizes, within a time limit. The MPS
-line reads: not built (no MPS in this torch: every Linux and Windows build), built, unavailable
-(with torch's reason), works, fails: <error>, or timed out. On a Mac the verdict, with the time
-it was taken, replaces the one `mpslaunch launch` keeps for this Python, torch and macOS build.
-The same process lists the CUDA devices torch sees, with their compute capability.
+"MPS works" is proven, not assumed: a separate Python (this one never imports torch) runs a tiny
+matmul on mps within a time limit, and lists the CUDA devices torch sees. On a Mac its verdict
+replaces the one `launch` keeps for this Python, torch and macOS build.
 """
 
 from __future__ import annotations
@@ -24,7 +15,7 @@ import platform
 import re
 from typing import Any
 
-from mpslaunch import __version__
+from mpslaunch import __version__, accelerate_config
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
@@ -33,17 +24,33 @@ from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.torch_check import CHECK_TIMEOUT_SECONDS, run_torch_check
 
+HELP = """\
+Print the facts a bug report needs, as a Markdown block to paste as it is: the
+versions of mpslaunch, Python, torch, torchvision and accelerate, the platform (the
+macOS version, build and chip on a Mac, and whether it is a virtual machine), whether
+MPS works (proven by a tiny computation in a separate Python; on a Mac this answer
+replaces the one `mpslaunch launch` keeps), the CUDA devices torch sees, the relevant
+environment variables (secrets hidden), the profile in force and what `mpslaunch
+launch` would choose.
+
+examples:
+  mpslaunch env
+  mpslaunch env --json
+  mpslaunch env --profile cpu4
+"""
 ENV_PREFIXES = ("PYTORCH_", "MPSLAUNCH_", "ACCELERATE_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")  # never paste these into a public issue
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the facts as JSON instead")
-    add_profile_options(parser, profile_help="report this named profile",
-                        file_help="report this profile file")
+    parser.add_argument("--json", action="store_true",
+                        help="print the facts as JSON instead of a Markdown block")
     parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT_SECONDS, metavar="SECONDS",
-                        help=f"time limit for the torch/MPS check (default {CHECK_TIMEOUT_SECONDS:g})")
+                        help="time limit for the torch and MPS check (default: %(default)g)")
+    which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
+    add_profile_options(which, profile_help="report the profile NAME.yaml in the config folder",
+                        file_help="report this profile file")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -87,6 +94,7 @@ def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file:
     facts["nvidia_gpus_visible"] = list(machine.cuda_devices)
     facts["environment"] = relevant_environment(environ)
     facts.update(profile_facts(machine, environ, config_file, profile_name))
+    facts["accelerate_default_config"] = accelerate_config.unused_default_note(environ)
     return facts
 
 
@@ -140,9 +148,7 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
         return {"profile_path": None, "profile": f"unreadable: {error}", "launcher_choice": "none: no profile"}
     values = profile.to_dict() if path else "none: defaults"
     try:
-        plan = resolve(profile, LaunchRequest(target="script.py"), machine, environ)
-        processes = f"{plan.num_processes} process(es) x {plan.num_machines} machine(s)"
-        choice = f"{plan.reason}; precision {plan.mixed_precision}; {processes}"
+        choice = resolve(profile, LaunchRequest(target="script.py"), machine, environ).choice()
     except MpslaunchError as error:
         choice = f"refuses: {error}"
     return {"profile_path": str(path) if path else None, "profile": values, "launcher_choice": choice}
@@ -178,6 +184,8 @@ def as_markdown(facts: dict[str, Any]) -> str:
     else:
         lines.append(f"- Profile: {profile}")
     lines.append(f"- Launcher would choose: {facts['launcher_choice']}")
+    if facts.get("accelerate_default_config"):
+        lines.append(f"- Accelerate default config: {facts['accelerate_default_config']}")
     lines.append("```")
     return "\n".join(_no_fence(line) if 0 < i < len(lines) - 1 else line for i, line in enumerate(lines))
 

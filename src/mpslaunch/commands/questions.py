@@ -1,31 +1,32 @@
 """The questions `mpslaunch config` asks: (Machine, the user's answers) -> Profile. Nothing else.
 
-What is offered comes from plan.py's own rules, never from a copy of them: devices through
-`mps_problem`/`cuda_problem`, precisions through `precision_problem`, and process or machine
-counts by asking `plan.resolve` whether it would accept them. So the questionnaire never offers
-what `mpslaunch launch` would refuse on this machine, and what it leaves out is named with
-plan.py's reason. Questions that cannot apply are not asked: no process count on mps (one
-process only), no MPS settings off a Mac, the several-machine questions only after the user
-says yes to "several machines?".
-
-The prompts use questionary, imported inside `ask_profile` only. They read and draw through the
-current prompt_toolkit app session, so tests drive them with `create_pipe_input` and
-`create_app_session`. Ctrl-C raises KeyboardInterrupt and end of input raises EOFError; this
-module writes nothing, the caller decides what an interruption means.
+Every offer comes from plan.py's own rules (never a copy), so nothing `launch` would refuse here
+is offered, and what is left out is named with plan.py's reason. questionary is imported only
+when asking; tests drive it through prompt_toolkit's pipe input. Writes nothing.
 """
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from dataclasses import dataclass
 from typing import Callable
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.plan import LaunchRequest, choose_device, cuda_problem, mps_problem, precision_problem, resolve
+from mpslaunch.plan import (LaunchRequest, choose_device, cuda_problem, most_processes, mps_problem,
+                           precision_refusal, resolve)
 from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile, check_value
+from mpslaunch.run.torchrun.args import DEFAULT_PORT
 
 _PROBE = LaunchRequest(target="script.py")  # resolve() needs a target; the questions never run it
-DEFAULT_PORT = 29500  # torch.distributed.run's own default master port
+RDZV_LABELS = {
+    "static": "static: each machine keeps the rank given above",
+    "c10d": "c10d: torch gives each machine its rank as it joins",
+}
+# Accelerate's own settings are not asked about: an existing profile's values are kept.
+KEPT = ("gpu_ids", "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+        "dynamo_use_regional_compilation", "debug")
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,12 @@ def device_in_use(device: str, machine: Machine) -> tuple[str, str]:
 
 
 def precision_offer(device: str, machine: Machine) -> Offer:
-    """The mixed-precision modes plan.precision_problem accepts for the device in use."""
+    """The mixed-precision modes plan.precision_refusal accepts for the device in use."""
     choices, hidden = [], []
     for precision in PRECISIONS:
-        problem = precision_problem(precision, device, machine)
-        if problem:
-            hidden.append((precision, problem))
+        refusal = precision_refusal(precision, device, machine)
+        if refusal:
+            hidden.append((precision, refusal[0]))  # the reason; its advice names launch's flags
         else:
             choices.append(precision)
     return Offer(tuple(choices), tuple(hidden))
@@ -69,8 +70,8 @@ def precision_offer(device: str, machine: Machine) -> Offer:
 
 def process_counts(device: str, machine: Machine) -> tuple[int, ...]:
     """Processes per machine that plan.resolve accepts here: 1 on mps, one per GPU on cuda,
-    up to one per core on cpu (more would only be slower)."""
-    upper = max(machine.cpu_count, len(machine.cuda_devices), 1)
+    up to plan.py's cap on cpu (`launch` warns above one per core, and so do the questions)."""
+    upper = max(most_processes(device, machine), 1)
     return tuple(n for n in range(1, upper + 1) if _accepted(machine, device=device, num_processes=n))
 
 
@@ -104,9 +105,9 @@ def ask_profile(machine: Machine, start: Profile | None = None,
                         default=start.device,
                         labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"})
     used, _ = device_in_use(device, machine)
-    profile = Profile(device=device)
-
     counts = process_counts(used, machine)
+    profile = Profile(device=device, num_processes=counts[0],  # written out, never left to auto
+                      **{key: getattr(start, key) for key in KEPT})
     if len(counts) > 1:
         what = "GPU" if used == "cuda" else "CPU"
         # A new profile uses every GPU (one process each); on cpu one process is the safe start.
@@ -116,8 +117,11 @@ def ask_profile(machine: Machine, start: Profile | None = None,
             default = counts[-1] if used == "cuda" else 1
         profile = profile.replace(num_processes=ask.number(
             f"How many {what} processes on this machine?", default, counts[0], counts[-1]))
+        for warning in resolve(profile, _PROBE, machine, {}).warnings:
+            ask.note(warning)
     elif used == "mps":
-        say("  one process: only one process can use a Mac's GPU (gloo and nccl cannot carry mps tensors)")
+        ask.note("one process: only one process can use a Mac's GPU (gloo and nccl cannot carry "
+                 "mps tensors)")
 
     if several_machines_possible(used, machine) and ask.confirm(
             "Will this training run across several machines?", default=start.num_machines > 1):
@@ -129,12 +133,19 @@ def ask_profile(machine: Machine, start: Profile | None = None,
 
     if used == "mps":
         profile = profile.replace(
-            mps_fallback=ask.confirm("Run operations that have no MPS kernel on the CPU "
+            mps_fallback=ask.confirm("Run ops without an MPS kernel on the CPU "
                                      "(PYTORCH_ENABLE_MPS_FALLBACK)?", default=start.mps_fallback),
             mps_memory_cap=ask.memory_cap(start.mps_memory_cap))
 
     _check_offered(profile, machine)
     return profile
+
+
+def keep_mps(question: str) -> bool:
+    """Yes (the default) keeps the Mac's GPU; raises KeyboardInterrupt or EOFError like the rest."""
+    import questionary
+
+    return questionary.confirm(question, default=True).unsafe_ask()
 
 
 def _ask_machines(ask: "_Asker", profile: Profile, start: Profile) -> Profile:
@@ -144,7 +155,8 @@ def _ask_machines(ask: "_Asker", profile: Profile, start: Profile) -> Profile:
     address = ask.text("Address of the main machine (rank 0), as the others reach it?",
                        start.main_process_ip or "", lambda text: None if text.strip() else "give an address")
     port = ask.number("Port on the main machine?", start.main_process_port or DEFAULT_PORT, 1, 65535)
-    backend = ask.choose("Rendezvous backend?", Offer(RDZV_BACKENDS), default=start.rdzv_backend)
+    backend = ask.choose("Rendezvous backend?", Offer(RDZV_BACKENDS), default=start.rdzv_backend,
+                         labels=RDZV_LABELS)
     return profile.replace(num_machines=count, machine_rank=rank, main_process_ip=address.strip(),
                            main_process_port=port, rdzv_backend=backend)
 
@@ -164,9 +176,15 @@ class _Asker:
         self.q = questionary
         self.say = say
 
+    def note(self, text: str) -> None:
+        """An indented note, wrapped between words to the terminal's width."""
+        width = min(shutil.get_terminal_size().columns, 100) - 1
+        self.say(textwrap.fill(text, width, initial_indent="  ", subsequent_indent="    ",
+                               break_long_words=False, break_on_hyphens=False))
+
     def choose(self, message: str, offer: Offer, default: str, labels: dict[str, str] | None = None) -> str:
         for choice, why in offer.hidden:
-            self.say(f"  {choice} not offered: {why}")
+            self.note(f"{choice} not offered: {why}")
         labels = labels or {}
         choices = [self.q.Choice(labels.get(c, c), value=c) for c in offer.choices]
         default = default if default in offer.choices else offer.choices[0]
@@ -177,10 +195,16 @@ class _Asker:
 
     def text(self, message: str, default: str, problem: Callable[[str], str | None]) -> str:
         """Typed text; an empty answer takes `default` (shown in brackets, not pre-filled, so
-        typing replaces it rather than appending to it)."""
+        typing replaces it rather than appending to it). A wrong answer is named on the line
+        under it and the question comes again: prompt_toolkit would show a validation message on
+        the terminal's last row, far from the question."""
         shown = f"{message} [{default}]" if default else message
-        answer = self.q.text(shown, validate=lambda text: problem(text or default) or True).unsafe_ask()
-        return answer or default
+        while True:
+            answer = self.q.text(shown).unsafe_ask() or default
+            why = problem(answer)
+            if why is None:
+                return answer
+            self.note(why)
 
     def number(self, message: str, default: int, low: int, high: int | None) -> int:
         def problem(text: str) -> str | None:
@@ -205,7 +229,7 @@ class _Asker:
                 return "give a number such as 1.0, or none"
             return check_value("mps_memory_cap", value)
 
-        answer = self.text("MPS memory cap, as a multiple of the GPU's recommended working set "
-                           "(0.0 = no limit, up to 2.0; 'none' = torch's default 1.7)?",
+        self.note("the MPS memory cap is a multiple of the GPU's recommended working set")
+        answer = self.text("MPS memory cap (0.0 = no limit, up to 2.0, none = torch's 1.7)?",
                            "none" if default is None else str(default), problem).strip()
         return None if answer.lower() == "none" else float(answer)

@@ -1,29 +1,7 @@
-"""The check script `mpslaunch test` launches, through the real launch path, in every rank.
-
-It is an ordinary user script: it knows the plan only from its arguments (what the launcher
-decided) and compares that with what this process actually got. Each rank writes
-REPORT_DIR/rank-<RANK>.json:
-
-    {"rank": 0, "world_size": 2, "checks": [{"name", "ok", "detail", "fix"}, ...]}
-
-Checks (each failure carries `fix`, what to change):
-  device           MPSLAUNCH_DEVICE, a real tensor, and an unmodified Accelerator() all land on
-                   the planned device (Accelerate part skipped when it is not installed)
-  train step       forward, backward and an optimizer step in float32 on that device
-  mixed precision  the planned precision: autocast really computes in fp16/bf16 (GradScaler for
-                   fp16) and Accelerate's Accelerator() picked the same precision
-  mps fallback     on mps: PYTORCH_ENABLE_MPS_FALLBACK is what the plan set (read by torch at
-                   import, so it must come from the launcher's environment)
-  all-reduce       with several processes: the ranks sum their rank numbers correctly
-
-Only the standard library, torch and (optionally) accelerate: it runs in the child's Python.
-Prints nothing. The report is the verdict, so a rank that wrote one exits 0 even when a check
-failed: a nonzero exit would make torchrun stop the other ranks, maybe before they report. A
-crash leaves no report; a watchdog ends a hung rank after --timeout seconds (exit 1) with a
-report that names the check it was stuck in.
-
-    python selfcheck.py --report-dir DIR --expect-device cpu --expect-precision no \
-        --expect-world-size 1 --expect-mps-fallback 1
+"""The check script `mpslaunch test` launches in every rank: an ordinary script that knows the
+plan only from its arguments and checks what this process actually got. Standard library, torch
+and (optionally) accelerate only. Each rank writes REPORT_DIR/rank-<RANK>.json and exits 0 (a
+nonzero exit would make torchrun stop the others before they report); a watchdog ends a hung rank.
 """
 
 from __future__ import annotations

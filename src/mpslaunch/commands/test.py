@@ -1,24 +1,6 @@
-"""`mpslaunch test`: check, through the real launch path, that the plan works on this machine.
-
-Resolves the plan exactly as `mpslaunch launch` does (the profile in force, or --config_file /
---profile, then the flags below), launches the bundled check script selfcheck.py with it
-(one process, or torchrun for several), and prints one line per check:
-
-  device           the device each process actually got is the planned one
-  train step       a forward/backward/optimizer step works there
-  mixed precision  the planned precision (no, fp16, bf16) really runs
-  mps fallback     on mps: the CPU fallback is set as planned (PYTORCH_ENABLE_MPS_FALLBACK)
-  all-reduce       with several processes: an all-reduce across the ranks is correct
-
-Each failure says what to change. --json prints the plan and the checks as JSON instead (to
-paste into a bug report). Exit code: 0 when every check passed on every rank, 1 when a check
-failed, 2 when the plan itself is impossible here (the same one-line error as `launch`).
-
-Examples:
-  mpslaunch test
-  mpslaunch test --profile cpu4
-  mpslaunch test --cpu --num_processes 2
-  mpslaunch test --json
+"""`mpslaunch test`: launch the bundled check script (selfcheck.py) with the plan `launch` would
+make, then merge each rank's report into one line per check. The reports are the verdict, not
+the child's exit code (a crash leaves no report).
 """
 
 from __future__ import annotations
@@ -34,32 +16,47 @@ from pathlib import Path
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.options import add_option, add_profile_options
 
+HELP = """\
+Check that the plan works on this machine, through the real launch path: it runs a
+small check script the way `mpslaunch launch` would, and prints one line per check:
+the device each process got, a training step, the mixed precision, the MPS fallback
+(on mps) and an all-reduce (with several processes). Each failure says what to change;
+--json prints the plan and the checks as JSON instead. Exit status: 0 when every
+check passes, 1 when one fails, 2 when the plan itself is impossible here.
+
+examples:
+  mpslaunch test
+  mpslaunch test --profile cpu4
+  mpslaunch test --cpu --num_processes 2
+  mpslaunch test --json
+"""
 CHECK_SCRIPT = Path(__file__).with_name("selfcheck.py")
 DEFAULT_TIMEOUT = 300.0
 EXIT_FAILED = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    def option(name: str, **kwargs) -> None:
-        add_option(parser, name, **kwargs)  # the same spellings as `mpslaunch launch`
-
     from mpslaunch.profile import DEVICES, PRECISIONS
 
-    add_profile_options(parser)
-    option("--cpu", action="store_true", help="test the cpu plan whatever the machine has")
-    option("--device", choices=DEVICES, help="auto (default), mps, cuda or cpu")
-    option("--mixed_precision", choices=PRECISIONS, help="no, fp16 or bf16")
-    option("--num_processes", type=int, metavar="N", help="processes on this machine")
-    option("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-           help="a rank that takes longer fails (default: %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print the plan and the checks as JSON")
+    add_option(parser, "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+               help="a process that takes longer fails its check (default: %(default)g)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the plan and the checks as JSON, for a bug report")
+    which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
+    add_profile_options(which)
+    plan = parser.add_argument_group("what to test, as for `mpslaunch launch` (default: the profile)")
+    # The same spellings as `mpslaunch launch`.
+    add_option(plan, "--cpu", action="store_true", help="test the cpu plan whatever the machine has")
+    add_option(plan, "--device", choices=DEVICES, help="auto, mps, cuda or cpu")
+    add_option(plan, "--mixed_precision", choices=PRECISIONS, help="no, fp16 or bf16")
+    add_option(plan, "--num_processes", type=int, metavar="N", help="processes on this machine")
 
 
 def main(args: argparse.Namespace) -> int:
     from mpslaunch.commands import launch
 
     if not args.timeout > 0:
-        raise MpslaunchError("--timeout must be above 0 seconds.")
+        raise MpslaunchError("--timeout must be above 0 seconds")
     with tempfile.TemporaryDirectory(prefix="mpslaunch-test-") as report_dir:
         plan = resolve_plan(args, report_dir)
         for warning in plan.warnings:
@@ -183,6 +180,6 @@ def format_outcomes(outcomes: list[Outcome]) -> str:
         if not o.ok and o.fix:
             lines.append(f"      {''.ljust(width)}  what to change: {o.fix}")
     failed = sum(not o.ok for o in outcomes)
-    lines.append(f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed."
-                 if failed else f"mpslaunch test: all {len(outcomes)} checks passed.")
+    lines.append(f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed"
+                 if failed else f"mpslaunch test: all {len(outcomes)} checks passed")
     return "\n".join(lines)

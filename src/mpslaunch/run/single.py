@@ -1,14 +1,10 @@
-"""run(plan): the only part with side effects. Starts the child, forwards signals, returns its code.
+"""run_child: one process, in a session of its own, with signals forwarded and a grace period.
 
-The child gets a session of its own, so a Ctrl-C in the terminal reaches it once (through us)
-rather than twice, and when it ends we can kill whatever it left behind (DataLoader workers) by
-its process group, and by the run's marker what left that group (setsid helpers).
-SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and start a grace period after which the
-child's whole group is killed; SIGUSR1 and SIGUSR2 are only forwarded.
-On Linux the child also dies if the launcher itself is killed (PR_SET_PDEATHSIG); its helpers
-in sessions of their own do not.
-
-Exit code: the child's own; 128+N when signal N killed it (the shell's convention).
+Its own session means a terminal's Ctrl-C reaches the child once (through us), and whatever it
+leaves in its process group (DataLoader workers) can be killed when it ends; what left the group
+(setsid helpers) is found by the run's marker (run/processes.py). On Linux the child also dies
+with the launcher (PR_SET_PDEATHSIG); its helpers in sessions of their own do not.
+With --log_dir its output is also copied to files (run/tee.py).
 """
 
 from __future__ import annotations
@@ -23,27 +19,34 @@ from collections.abc import Mapping, Sequence
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
                                      kill_group, kill_marked, linux_prctl, new_run_id)
+from mpslaunch.run.tee import Tee
 
 DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS) -> int:
+              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
+    tee = Tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
-    env = {**os.environ, **env_additions, RUN_MARKER: run_id}
+    env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
     supervisor = _Supervisor(grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with _SignalHandlers(supervisor.forward):
         try:
             child = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                     preexec_fn=_parent_death_signal())
+                                     preexec_fn=_parent_death_signal(),
+                                     **(tee.popen_streams if tee else {}))
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
         supervisor.attach(child)
+        if tee:
+            tee.start(child)
         import psutil  # noqa: F401  (for the clean-up: ~15 ms, paid while the child runs)
         returncode = child.wait()
     supervisor.clean_up()
     kill_marked(run_id, started)  # helpers that left the child's session
+    if tee:
+        tee.finish()  # after the kills: a helper holding the output pipe would keep it open
     return exit_code(returncode)
 
 
@@ -94,8 +97,11 @@ class _SignalHandlers:
         self.previous: dict[int, object] = {}
 
     def __enter__(self):
-        for signum in FORWARDED_SIGNALS:
-            self.previous[signum] = signal.signal(signum, self.handler)
+        # Only the main thread may handle signals (mpslaunch.launch from a thread): there the
+        # signals go to the caller, and the child is still stopped with its group at the end.
+        if threading.current_thread() is threading.main_thread():
+            for signum in FORWARDED_SIGNALS:
+                self.previous[signum] = signal.signal(signum, self.handler)
         return self
 
     def __exit__(self, *_exc):

@@ -1,13 +1,13 @@
 """Faults in 2-process CPU runs (the torch.distributed.run path): signals, leftovers, listeners.
 
-Complements tests/test_torchrun.py, which already covers SIGTERM to the launcher with no handler
+Complements tests/run/torchrun/test_torchrun.py, which already covers SIGTERM to the launcher with no handler
 in the ranks (143), SIGUSR1 reaching both ranks, a grace-period kill of ranks that ignore
 SIGTERM, a second signal, a failing or killed rank, and the loopback listeners of a default run.
 Here: every forwarded signal with a handler in both ranks (each records it), helpers that ranks
 started, the launcher's own process afterwards (in-process: no zombie, handlers restored), and
 where the rendezvous listens with a fixed port, with c10d, and across two "machines".
 
-What the torchrun path does with each signal (torchrun_signals.py):
+What the torchrun path does with each signal (run/torchrun/signals.py):
 - SIGINT, SIGTERM, SIGHUP, SIGQUIT stop the run: torch's agent sends the same signal to every
   rank, the launcher exits 128+N whatever the ranks' own codes (it was stopped by N).
 - SIGUSR1, SIGUSR2 are only forwarded to every rank; the run goes on. If the ranks then exit
@@ -103,7 +103,7 @@ def test_after_a_stopped_2_process_run_the_launcher_process_is_as_it_was(tmp_pat
 
 
 def test_nothing_a_rank_started_outlives_a_successful_run(tmp_path, marker):
-    """As on the single-process path (test_launch_cli: nothing the child started outlives the run)."""
+    """As on the single-process path (test_launch.py: nothing the child started outlives the run)."""
     script = write_script(tmp_path, "spawner.py", "import subprocess; subprocess.Popen(['sleep', '120'])\n")
     result = subprocess.run([sys.executable, "-m", "mpslaunch", *TWO_CPU_RANKS, str(script)],
                             capture_output=True, text=True, timeout=90, env=run_env(marker))

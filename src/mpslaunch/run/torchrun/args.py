@@ -1,13 +1,7 @@
 """From a LaunchPlan to torch.distributed.run's arguments and each rank's environment. Pure.
 
-No torch import and no side effect here, so `--dry-run` is fast and tests can check the
-arguments for any number of machines without starting anything.
-
-One machine: a static rendezvous on 127.0.0.1 (the profile's rdzv_backend does not matter when
-there is nobody to meet); port 0 means a free port, picked when the run starts. Several machines:
-`static` maps to --node-rank/--master-addr/--master-port, `c10d` to --rdzv-endpoint (ranks are then
-assigned at the rendezvous, so --machine_rank is not passed). Port 0 cannot be "pick a free one"
-across machines (the others could not know it), so it becomes torchrun's usual 29500.
+No torch import and no side effect, so --dry-run is fast and tests check the arguments for any
+number of machines. One machine always uses a static rendezvous on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -16,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
+from mpslaunch.machine import loopback_interface
 from mpslaunch.plan import LaunchPlan
 
 LOOPBACK = "127.0.0.1"
@@ -45,7 +40,9 @@ def rendezvous_for(plan: LaunchPlan, run_id: str) -> Rendezvous:
     settings = plan.settings
     if settings.num_machines == 1:
         return Rendezvous("static", LOOPBACK, settings.main_process_port, 0, run_id, local=True)
+    # Port 0 cannot mean "a free one" across machines: the others could not know it.
     port = settings.main_process_port or DEFAULT_PORT
+    # c10d assigns the machines' ranks at the rendezvous.
     node_rank = settings.machine_rank if settings.rdzv_backend == "static" else None
     return Rendezvous(settings.rdzv_backend, settings.main_process_ip, port, node_rank,
                       SHARED_RUN_ID, local=False)
@@ -61,7 +58,7 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
         "--rdzv-backend", rendezvous.backend,
         "--rdzv-id", rendezvous.run_id,
         "--max-restarts", str(plan.settings.max_restarts),
-        "--monitor-interval", MONITOR_INTERVAL,
+        "--monitor-interval", f"{plan.monitor_interval:g}" if plan.monitor_interval else MONITOR_INTERVAL,
     ]
     host = _bracketed(rendezvous.address)
     if rendezvous.backend == "static":
@@ -72,6 +69,8 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
     args += ["--tee", "3"]
     if log_dir:
         args += ["--log-dir", log_dir]
+    if plan.no_python:
+        return args + ["--no-python", *plan.command]
     return args + target_arguments(plan.command)
 
 
@@ -89,10 +88,6 @@ def _bracketed(address: str) -> str:
 
 
 # ---------------------------------------------------------------- environment
-
-
-def loopback_interface(platform: str = sys.platform) -> str:
-    return "lo0" if platform == "darwin" else "lo"
 
 
 def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapping[str, str],

@@ -1,12 +1,7 @@
-"""The ranks' console lines, whole: one `[rankN] ` prefix per line, never one in the middle.
+"""The ranks' console lines kept whole: one `[rankN] ` prefix per line, never one mid-line.
 
-torch's --tee tails each rank's log file and writes whatever `readline()` returns, prefixed. A
-rank runs unbuffered (`python -u`), and `print(a, b)` writes a, the space and b separately, so
-the tailer can catch half a line and print the rest later under a second prefix:
-`[rank0] STATE 2[rank0]  0 gloo`. During the run, sys.stdout and sys.stderr are wrapped in
-`RankLines`, which keeps each rank's unfinished piece until its line ends (at "\n", or "\r" so
-that progress bars still move) and writes it then, once, with one prefix. Text without a rank
-prefix passes through untouched. What is still unfinished when the run ends is written then.
+torch's --tee tailer writes whatever readline() returns, so a line a rank writes in pieces could
+be split under two prefixes; RankLines holds each rank's unfinished piece until its line ends.
 """
 
 from __future__ import annotations

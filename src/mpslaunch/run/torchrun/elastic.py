@@ -1,36 +1,8 @@
-"""Several processes or machines: PyTorch's elastic launcher, torch.distributed.run, in our process.
+"""Several processes or machines: torch's elastic_launch, run inside the launcher process.
 
-`plan.resolve` chooses this path when num_processes > 1 or num_machines > 1 (never on mps: it
-refuses that first). We build torchrun's own command line (torchrun_args), let torch parse it
-(`torch.distributed.run.parse_args` + `config_from_args`) and run `elastic_launch` in the
-launcher process, so we see the failure that torch's agent reports and no process group of our
-own exists: each rank is `python -u script.py args...` with torchrun's RANK, LOCAL_RANK,
-WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus plan.env (MPSLAUNCH_*,
-ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CPU (gloo) with
---cpu and MULTI_GPU (nccl, one GPU per rank) on cuda. torch is imported only on this path.
-
-- One machine: everything listens on 127.0.0.1 only (torchrun_store); port 0 = a free port.
-- Several machines: --num_machines, --machine_rank, --main_process_ip, --main_process_port,
-  --rdzv_backend static|c10d, --max_restarts map onto torchrun's options (torchrun_args).
-- Console: every line of every rank, prefixed `[rankN] ` (torchrun's --tee 3; torchrun_console
-  keeps the lines whole). --log_dir DIR: torch's per-rank files
-  DIR/<run id>_*/attempt_<n>/<local rank>/{stdout,stderr}.log; without it they go to a
-  temporary folder, kept only when a rank failed (the summary names the file).
-- Exit code: the first failing rank's own code, 128+N if signal N killed it; 128+N when signal N
-  stopped the launcher. One summary line names the rank and its log files; torch's own log and
-  error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher traceback is printed.
-- Signals (torchrun_signals): SIGINT/SIGTERM/SIGHUP/SIGQUIT stop every rank with that signal;
-  ranks still there after the grace period, or at a second signal, are SIGKILLed; SIGUSR1/2
-  are forwarded to every rank. A grace period above 30 s needs a torch whose LaunchConfig has
-  `shutdown_timeout` (2.14 has it; older ones SIGKILL after a fixed 30 s). When a rank fails,
-  torch stops the others with SIGTERM and its own 30 s before SIGKILL, whatever the grace.
-- Leftovers: after the run, whatever is left of the ranks is SIGKILLed and reaped, and so is
-  what a rank that exited left running, found by the run's marker in its environment (on
-  macOS not when it is one of Apple's own programs: docs/mps-facts.md: Training on a Mac).
-  A launcher killed with SIGKILL cannot stop its ranks (torch starts them in sessions of their
-  own, without a parent-death signal); every other way of ending the launcher stops them.
-- torch versions: only options and fields that torch 2.11 has (the oldest seen on our machines)
-  are relied on; newer ones (shutdown_timeout) are used where present.
+We build torchrun's own command line (args.py), let torch parse it, and run elastic_launch here,
+so the first failing rank's own exit code and log come back. torch is imported only on this path.
+The contracts it keeps (console, logs, exit codes, signals, leftovers) are in docs/design.md.
 """
 
 from __future__ import annotations
@@ -46,7 +18,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.errors import MpslaunchError, error_line
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.processes import RUN_MARKER, exit_code
 from mpslaunch.run.torchrun.console import whole_rank_lines
@@ -70,13 +42,13 @@ def describe(plan: LaunchPlan) -> str:
     rendezvous = rendezvous_for(plan, run_id="mpslaunch-<new for each run>")
     port_text = FREE_PORT if rendezvous.local and rendezvous.port == 0 else None
     argv = arguments(plan, rendezvous, port_text, plan.log_dir)
-    python = plan.command[0]
+    python = sys.executable if plan.no_python else plan.command[0]  # torchrun runs in the launcher
     lines = [
         plan.describe(),
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
         f"  {LINE_PREFIX_VARIABLE}={shlex.quote(LINE_PREFIX)} "
         + shlex.join([python, "-m", "torch.distributed.run", *argv]),
-        "  each rank runs: " + shlex.join([python, "-u", *plan.command[1:]]),
+        "  each rank runs: " + shlex.join(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
         *(f"  {key}={value}" for key, value in sorted(_added(plan, rendezvous).items())),
@@ -133,7 +105,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
     _check_torch_distributed()
-    with _quiet_torch_logs(), _environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
+    with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
             _store(rendezvous) as port:
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
@@ -156,8 +128,26 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             return 128 + int(stop.sigval)
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
-                               f"{type(error).__name__}: {_first_line(error)}") from None
+                               f"{error_line(error)}") from None
     return 0
+
+
+def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict[int, object]:
+    """The Python API with several processes: `function(*args)` in each rank, through the same
+    rendezvous, store and environment as run(); torch's own errors (ChildFailedError) propagate.
+    Returns each of this machine's ranks' return value, by global rank."""
+    _check_torch_distributed()
+    rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
+    env = launcher_environment(plan, rendezvous, os.environ)
+    with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(rendezvous) as port, \
+            _LogFolder(plan.log_dir) as logs:
+        elastic = _Elastic()
+        args_given = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
+        config, _, _ = elastic.run.config_from_args(args_given)
+        config.log_line_prefix_template = LINE_PREFIX
+        config.start_method = start_method
+        with whole_rank_lines():
+            return dict(sorted(elastic.launch(config, function)(*args).items()))
 
 
 class _Elastic:
@@ -196,8 +186,8 @@ def _store(rendezvous: Rendezvous):
 
 
 @contextmanager
-def _environment(env: Mapping[str, str]) -> Iterator[None]:
-    """The ranks inherit the launcher's environment: put plan.env there for the run."""
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """The ranks (or a function run in this process) see `env`: put it in os.environ for the run."""
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
@@ -259,7 +249,3 @@ def _line_buffered(stream) -> None:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [""])[0]

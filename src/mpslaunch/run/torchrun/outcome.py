@@ -1,9 +1,7 @@
 """What a torchrun run ends with: the launcher's exit code and one summary line. Pure.
 
-The exit code is the first failing rank's own (so `sys.exit(3)` in any rank gives 3), 128+N
-when signal N killed it, 128+N when signal N stopped the launcher. The summary names the rank,
-how it ended and where its output (with its traceback) is; the traceback itself was already
-on the console, prefixed with the rank, so the launcher prints no other.
+The exit code is the first failing rank's own (128+N when signal N killed it, or stopped the
+launcher); the summary names the rank, how it ended and where its log is.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Signals and leftover ranks on the torchrun path.
 
-Who does what:
-- SIGINT, SIGTERM, SIGHUP, SIGQUIT: once the ranks start, torch's elastic agent owns them (it
-  raises SignalException and sends the same signal to every rank's process group). Before that
-  (importing torch, rendezvous) our handler turns them into `Stopped`, so the launcher ends
-  cleanly with 128+N and no traceback.
-- The grace period: torch's own SIGKILL comes after its shutdown timeout (30 s before torch
-  2.12), and a second signal only restarts that wait. So a watcher thread sees every signal as
-  it arrives (through signal.set_wakeup_fd, which works whoever's Python handler is installed):
-  `grace_seconds` after the first stopping signal, or at once on the second, it SIGKILLs every
-  rank's process group itself.
-- SIGUSR1, SIGUSR2: torch does not handle them (they would kill the launcher), so our handler
-  forwards them to every rank (not to the ranks' helpers such as DataLoader workers).
-- After the run, `sweep()` SIGKILLs the process group of any rank still there, then every
-  process that carries the run's marker in its environment (run/processes.py), wherever it
-  went: the helpers that ranks which already exited left behind, on Linux and macOS alike. On
-  Linux those helpers are also our children while the run lasts (`adopt_orphans`), so one that
-  cleared its environment is found too; we reap what was ours.
-
-The ranks are found as this process's children that lead their own process group: torch starts
-every rank with start_new_session=True, and the launcher process starts nothing else.
+Until torch's agent owns the ranks, a stopping signal becomes `Stopped` (128+N, no traceback); a
+watcher thread SIGKILLs the ranks `grace_seconds` after the first stopping signal, or at once on
+the second; SIGUSR1/2 are forwarded to the ranks; `sweep()` ends whatever is left after the run:
+the ranks' groups, then whatever carries the run's marker (run/processes.py).
 """
 
 from __future__ import annotations

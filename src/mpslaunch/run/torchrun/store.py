@@ -1,20 +1,8 @@
 """The rendezvous store listens on the address the run is for, not on every interface.
 
-torch's TCPStore server listens on every interface whatever host name it is given (torchrun's
-static rendezvous with --master-addr 127.0.0.1 and its --standalone c10d store both show up as
-`*:PORT` in `ss -ltn`), so a single-machine run would be reachable from the network. Instead we
-bind a socket ourselves and start the store on it with `master_listen_fd`, as a multi-tenant
-server: torch's static rendezvous asks for a multi-tenant TCPStore on the same port in the same
-process, and TCPStore hands it this server instead of opening another. The ranks connect to it
-as clients (TORCHELASTIC_USE_AGENT_STORE).
-
-- One machine: 127.0.0.1; port 0 means the kernel picks a free one, with no race between
-  choosing it and binding it. gloo's and nccl's own sockets are kept on the loopback by
-  GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (torchrun_args.launcher_environment).
-- Several machines, static rendezvous, machine 0: --main_process_ip, when it is an address of
-  this machine; when it is not (a NAT or a name that resolves elsewhere), torch's own store
-  (every interface) is used, as torchrun would. c10d is left to torch: its agent also opens a
-  second store, for the ranks, on a free port of every interface.
+torch's TCPStore listens on every interface whatever host it is given, so we bind the socket
+ourselves and hand it to the store (master_listen_fd): 127.0.0.1 for one machine, machine 0's
+--main_process_ip when that is one of its addresses; otherwise torch's own store is used.
 """
 
 from __future__ import annotations
@@ -25,7 +13,7 @@ import socket
 from contextlib import contextmanager
 from typing import Iterator
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.errors import MpslaunchError, error_line
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 
@@ -49,7 +37,7 @@ def store_on(address: str, port: int) -> Iterator[int]:
     except (RuntimeError, ValueError) as error:
         socket.close(descriptor)
         raise MpslaunchError(f"cannot start the rendezvous store on {address}:{chosen}: "
-                             f"{_first_line(error)}") from None
+                             f"{error_line(error)}") from None
     try:
         yield chosen
     finally:
@@ -90,7 +78,3 @@ def _listen(address: str, port: int) -> socket.socket:
             f"cannot listen on {address}:{port} for the rendezvous ({error.strerror}); "
             "use --main_process_port 0 to pick a free port, or another port") from None
     return listener
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
