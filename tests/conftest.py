@@ -21,14 +21,15 @@ MPS_UNAVAILABLE_ON_26 = MpsAnswer(  # pytorch/pytorch#177819: macOS 26.3.1, torc
     "supported on macOS 14.0+. Current OS version can be queried using `sw_vers`)",
     "update torch (pip install -U torch), then run `mpslaunch env` to check again", "2026-03-19 14:02")
 
-# Computers we do not own, described by the facts the probe would read on them.
+# Computers we do not own, described by the facts the probe would read on them. A Mac where torch
+# was never asked (mps_answer None) makes a launch that plans mps ask torch in a real child.
 MACHINES = {
     "m1_macos13_torch2.14": Machine("Darwin", "arm64", (13, 6), chip="Apple M1", torch_version="2.14.1", cpu_count=8, python="python3"),
-    "m1_macos13_torch2.8": Machine("Darwin", "arm64", (13, 6), chip="Apple M1", torch_version="2.8.0", cpu_count=8, python="python3"),
-    "m1_macos14": Machine("Darwin", "arm64", (14, 5), chip="Apple M1", torch_version="2.14.1", cpu_count=8, python="python3"),
-    "m2_macos15": Machine("Darwin", "arm64", (15, 1), chip="Apple M2 Pro", torch_version="2.14.1", cpu_count=12, python="python3"),
-    "m3_macos15_torch2.5": Machine("Darwin", "arm64", (15, 0), chip="Apple M3", torch_version="2.5.1", cpu_count=8, python="python3"),
-    "m1_macos12_torch2.4": Machine("Darwin", "arm64", (12, 6), chip="Apple M1", torch_version="2.4.1", cpu_count=8, python="python3"),
+    "m1_macos13_torch2.8": Machine("Darwin", "arm64", (13, 6), chip="Apple M1", torch_version="2.8.0", cpu_count=8, python="python3", mps_answer=MPS_WORKS),
+    "m1_macos14": Machine("Darwin", "arm64", (14, 5), chip="Apple M1", torch_version="2.14.1", cpu_count=8, python="python3", mps_answer=MPS_WORKS),
+    "m2_macos15": Machine("Darwin", "arm64", (15, 1), chip="Apple M2 Pro", torch_version="2.14.1", cpu_count=12, python="python3", mps_answer=MPS_WORKS),
+    "m3_macos15_torch2.5": Machine("Darwin", "arm64", (15, 0), chip="Apple M3", torch_version="2.5.1", cpu_count=8, python="python3", mps_answer=MPS_WORKS),
+    "m1_macos12_torch2.4": Machine("Darwin", "arm64", (12, 6), chip="Apple M1", torch_version="2.4.1", cpu_count=8, python="python3", mps_answer=MPS_WORKS),
     "m2_no_torch": Machine("Darwin", "arm64", (14, 5), chip="Apple M2", torch_version=None, cpu_count=8, python="python3"),
     "m3_macos14": Machine("Darwin", "arm64", (14, 7), chip="Apple M3 Pro", torch_version="2.14.1", cpu_count=12, python="python3", mps_answer=MPS_WORKS),
     "m4_macos15": Machine("Darwin", "arm64", (15, 5), chip="Apple M4 Max", torch_version="2.14.1", cpu_count=16, python="python3", mps_answer=MPS_WORKS),

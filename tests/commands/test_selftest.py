@@ -95,7 +95,7 @@ def script_expectations(plan) -> dict[str, str]:
 
 
 def test_the_check_script_is_told_the_plan_of_a_mac(monkeypatch, tmp_path):
-    monkeypatch.setattr("mpslaunch.machine.probe", lambda: MACHINES["m4_macos15"])
+    monkeypatch.setattr("mpslaunch.machine.probe", lambda: MACHINES["m2_macos15"])
     monkeypatch.delenv("PYTORCH_ENABLE_MPS_FALLBACK", raising=False)
     plan = selftest.resolve_plan(namespace(mixed_precision="bf16"), str(tmp_path))
     assert plan.device == "mps" and plan.engine == "single"
@@ -106,14 +106,14 @@ def test_the_check_script_is_told_the_plan_of_a_mac(monkeypatch, tmp_path):
 
 
 def test_a_fallback_the_user_switched_off_is_expected_off(monkeypatch, tmp_path):
-    monkeypatch.setattr("mpslaunch.machine.probe", lambda: MACHINES["m4_macos15"])
+    monkeypatch.setattr("mpslaunch.machine.probe", lambda: MACHINES["m2_macos15"])
     monkeypatch.setenv("PYTORCH_ENABLE_MPS_FALLBACK", "0")
     plan = selftest.resolve_plan(namespace(), str(tmp_path))
     assert script_expectations(plan)["--expect-mps-fallback"] == "0"
 
 
 def test_several_mps_processes_are_refused_like_launch(monkeypatch, tmp_path):
-    monkeypatch.setattr("mpslaunch.machine.probe", lambda: MACHINES["m4_macos15"])
+    monkeypatch.setattr("mpslaunch.machine.probe", lambda: MACHINES["m2_macos15"])
     with pytest.raises(MpslaunchError, match="cannot train on mps"):
         selftest.resolve_plan(namespace(num_processes=2), str(tmp_path))
 
