@@ -37,6 +37,15 @@ def new_run_id() -> str:
     return os.urandom(8).hex()
 
 
+def warm_process_table() -> None:
+    """Import psutil and read the process table once while the child runs: psutil keeps what it
+    read, so the scan after the run reads only what is new (~25 ms moved off the launcher's exit)."""
+    import psutil
+
+    for _ in psutil.process_iter():
+        pass
+
+
 def kill_marked(run_id: str, since: float) -> list[int]:
     """SIGKILL every live process that carries the run's marker and started after `since` (a
     time.time()), wait briefly for them to go, and return their pids."""
