@@ -17,9 +17,8 @@ import pickle
 import sys
 from dataclasses import fields
 
-from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
-from mpslaunch.commands.launch import check_target, execute
+from mpslaunch.commands.launch import check_target, execute, probe_for
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS
@@ -37,7 +36,7 @@ def launch(target, *args, profile: str | None = None, config_file: str | None = 
     request = LaunchRequest(target=name, target_args=() if function else tuple(map(str, args)),
                             **options)
     loaded, _ = profiles.load_active(config_file, profile)
-    plan = resolve(loaded, request, machine_probe.probe(), os.environ)
+    plan = resolve(loaded, request, probe_for(loaded, request, quiet), os.environ)
     if function is None:
         check_target(request)
     _announce(plan, quiet)

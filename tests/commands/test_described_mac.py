@@ -110,6 +110,18 @@ def test_env_asks_again_and_replaces_the_kept_answer(isolated_cache_dir):
     assert entry["usable"] is False and entry["checked_at"] != "2000-01-01 00:00"
 
 
+def test_the_python_api_plans_with_torchs_answer_too(tmp_path):
+    script = write_script(tmp_path, "train.py", "import os; print(os.environ['MPSLAUNCH_DEVICE'])\n")
+    code = ON_A_MAC.replace("sys.exit(cli.main(sys.argv[2:]))",
+                            "import mpslaunch; sys.exit(mpslaunch.launch(sys.argv[2], quiet=True))")
+    sysctls = {"kern.osproductversion": "15.5", "kern.osversion": "24F74",
+               "machdep.cpu.brand_string": "Apple M4", "kern.hv_vmm_present": "0"}
+    ran = subprocess.run([sys.executable, "-c", code, json.dumps(sysctls), str(script)],
+                         capture_output=True, text=True, timeout=180)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "cpu\n"  # torch here has no mps: the plan follows torch, not the platform
+
+
 def test_on_linux_nothing_is_asked_or_kept(tmp_path, isolated_cache_dir):
     script = write_script(tmp_path, "train.py", "print('ran')\n")
     planned = run_cli("launch", "--dry-run", str(script))
