@@ -229,8 +229,10 @@ time.sleep(120)
 
 
 def test_the_users_traceback_is_shown_once_and_the_launcher_adds_none(tmp_path):
+    # With a process group, torch's excepthook prefixes the traceback with "[rank0]: " itself.
     script = write_script(tmp_path, "boom.py", """
-import os, time
+import os, time, torch.distributed as dist
+dist.init_process_group("gloo")
 if os.environ["RANK"] == "0":
     raise ValueError("boom in rank zero")
 time.sleep(120)
@@ -239,6 +241,7 @@ time.sleep(120)
     assert result.returncode == 1
     assert result.stderr.count("ValueError: boom in rank zero") == 1
     assert "[rank0] ValueError: boom in rank zero" in result.stderr
+    assert "[rank0] Traceback" in result.stderr and "[rank0]:" not in result.stderr
     assert result.stderr.count("Traceback") == 1
     assert "torch/distributed" not in result.stderr  # neither torch's log nor its error dump
     summary = result.stderr.strip().splitlines()[-1]

@@ -7,6 +7,10 @@ the tailer can catch half a line and print the rest later under a second prefix:
 `RankLines`, which keeps each rank's unfinished piece until its line ends (at "\n", or "\r" so
 that progress bars still move) and writes it then, once, with one prefix. Text without a rank
 prefix passes through untouched. What is still unfinished when the run ends is written then.
+
+torch adds a prefix of its own to a rank's lines once it has a process group: its excepthook
+writes tracebacks as `[rank1]: Traceback ...` and its C++ warnings start `[rank1]:[W...]`. The
+console shows one prefix, ours; the log files keep torch's.
 """
 
 from __future__ import annotations
@@ -42,13 +46,13 @@ class RankLines:
             if body[done:]:
                 self.unfinished[prefix] = body[done:]
             # A bare "\r" (a progress bar's carriage return before its text) needs no prefix.
-            self.target.write("".join(prefix + line for line in lines if line != "\r"))
+            self.target.write("".join(_one_prefix(prefix, line) for line in lines if line != "\r"))
         return len(text)
 
     def finish(self) -> None:
         with self.lock:
             for prefix, rest in self.unfinished.items():
-                self.target.write(f"{prefix}{rest}\n")
+                self.target.write(_one_prefix(prefix, rest + "\n"))
             self.unfinished.clear()
         self.target.flush()
 
@@ -57,6 +61,15 @@ class RankLines:
 
     def __getattr__(self, name: str):
         return getattr(self.target, name)  # fileno, isatty, encoding, ...
+
+
+def _one_prefix(prefix: str, line: str) -> str:
+    """`[rankN] ` + the line, without torch's own `[rankN]:` (and its space) for the same rank."""
+    torchs = prefix.rstrip() + ":"
+    if line.startswith(torchs):
+        line = line[len(torchs):]
+        line = line[1:] if line.startswith(" ") else line
+    return prefix + line
 
 
 @contextmanager
