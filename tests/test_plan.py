@@ -220,6 +220,15 @@ def test_watermarks_stay_consistent(cap, environ, high, low):
     assert env.get("PYTORCH_MPS_LOW_WATERMARK_RATIO") == low
 
 
+def test_only_values_the_plan_changes_count_as_replaced():
+    environ = {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_USE_CPU": "true",
+               "OMP_NUM_THREADS": "3"}
+    plan = plan_for("linux_cpu", environ=environ, cpu=True, num_processes=2)
+    assert plan.replaced == {"ACCELERATE_MIXED_PRECISION": "fp16"}  # the same value is no change
+    assert plan.env["ACCELERATE_MIXED_PRECISION"] == "no"
+    assert "OMP_NUM_THREADS" not in plan.env  # a default only: the user's value stays
+
+
 @pytest.mark.parametrize("environ, expected", [
     ({"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.5", "PYTORCH_MPS_LOW_WATERMARK_RATIO": "0.9"}, "above the high"),
     ({"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "lots"}, "must be a number"),

@@ -57,6 +57,7 @@ class LaunchPlan:
     settings: Profile  # the profile after the command-line flags were applied
     log_dir: str | None = None
     warnings: tuple[str, ...] = field(default=())
+    replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
 
     @property
     def world_size(self) -> int:
@@ -67,7 +68,11 @@ class LaunchPlan:
         processes = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
         if self.num_machines > 1:
             processes += f" on each of {self.num_machines} machines"
-        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {processes}"
+        line = f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {processes}"
+        if self.replaced:
+            line += "; replaced in your environment: " + ", ".join(
+                f"{key}={old} (now {self.env[key]})" for key, old in sorted(self.replaced.items()))
+        return line
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -81,7 +86,9 @@ class LaunchPlan:
             f"engine:          {self.engine}",
             f"command:         {shlex.join(self.command)}",
             "environment added:",
-            *(f"  {key}={value}" for key, value in sorted(self.env.items())),
+            *(f"  {key}={value}" + (f"   replaced (was {self.replaced[key]})"
+                                     if key in self.replaced else "")
+              for key, value in sorted(self.env.items())),
         ]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
@@ -94,6 +101,7 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
     multi = settings.num_processes > 1 or settings.num_machines > 1
+    env = child_environment(settings, device, machine, environ, multi)
     return LaunchPlan(
         device=device,
         reason=reason,
@@ -102,10 +110,11 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         num_machines=settings.num_machines,
         engine="torchrun" if multi else "single",
         command=child_command(request, machine),
-        env=child_environment(settings, device, machine, environ, multi),
+        env=env,
         settings=settings,
         log_dir=request.log_dir,
         warnings=_warnings(settings, device, machine),
+        replaced=replaced_values(env, environ),
     )
 
 
@@ -310,6 +319,18 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         env["OMP_NUM_THREADS"] = (str(max(1, machine.cpu_count // settings.num_processes))
                                   if device == "cpu" else "1")
     return env
+
+
+def replaced_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The user's own values that the plan overrides, to be named (never replaced silently).
+
+    The variables the plan sets carry its decisions, and the plan comes from flags, then the
+    profile, then auto-detection: an exported ACCELERATE_MIXED_PRECISION is none of those, so
+    it does not win (it would also skip the checks, such as fp16 refused on cpu). Variables the
+    plan only defaults (OMP_NUM_THREADS, PYTORCH_ENABLE_MPS_FALLBACK) are not set when the user
+    has them, so they never appear here.
+    """
+    return {key: environ[key] for key, value in env.items() if environ.get(key, value) != value}
 
 
 def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, str]:
