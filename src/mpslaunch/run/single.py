@@ -6,7 +6,9 @@ its process group. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and start a
 after which the child's whole group is killed; SIGUSR1 and SIGUSR2 are only forwarded.
 On Linux the child also dies if the launcher itself is killed (PR_SET_PDEATHSIG).
 
-Exit code: the child's own; 128+N when signal N killed it (the shell's convention).
+Exit code: the child's own; 128+N when signal N killed it (the shell's convention); 128+N also
+when stopping signal N reached it and it was still running at the end of the grace period, so
+that we killed it: the run was stopped by N, as the torchrun path reports it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -37,6 +40,12 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         supervisor.attach(child)
         returncode = child.wait()
     supervisor.clean_up()
+    if supervisor.killed_after_grace and returncode == -signal.SIGKILL:
+        code = 128 + supervisor.stopping_signal
+        print(f"mpslaunch: the script was still running {grace_seconds:g} s after "
+              f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
+              f"killed; exit code {code}", file=sys.stderr, flush=True)
+        return code
     return exit_code(returncode)
 
 
@@ -48,6 +57,8 @@ class _Supervisor:
         self.child: subprocess.Popen | None = None
         self.held: list[int] = []
         self.kill_timer: threading.Timer | None = None
+        self.stopping_signal = 0  # the first stopping signal forwarded
+        self.killed_after_grace = False
 
     def attach(self, child: subprocess.Popen) -> None:
         self.child = child
@@ -65,9 +76,14 @@ class _Supervisor:
         except ProcessLookupError:
             return
         if signum in STOPPING_SIGNALS and self.kill_timer is None:
-            self.kill_timer = threading.Timer(self.grace_seconds, self.kill_group)
+            self.stopping_signal = signum
+            self.kill_timer = threading.Timer(self.grace_seconds, self._grace_over)
             self.kill_timer.daemon = True
             self.kill_timer.start()
+
+    def _grace_over(self) -> None:
+        self.killed_after_grace = self.child.poll() is None
+        self.kill_group()
 
     def kill_group(self) -> None:
         kill_group(self.child.pid)

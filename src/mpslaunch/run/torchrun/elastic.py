@@ -149,7 +149,7 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
             signals.quiet()
-            _say(stopped_summary(int(stop.sigval)))
+            _say(stopped_summary(int(stop.sigval), killed=signals.watcher.time_up))
             return 128 + int(stop.sigval)
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "

@@ -80,6 +80,9 @@ def failure_summary(failure: RankFailure) -> str:
     return text + "; the other ranks were stopped"
 
 
-def stopped_summary(signum: int) -> str:
-    return (f"mpslaunch: stopped by {signal.Signals(signum).name}; every rank was stopped "
-            f"(exit code {128 + signum})")
+def stopped_summary(signum: int, killed: bool = False) -> str:
+    """`killed`: some ranks were still running when the grace period ended (or at a second
+    signal) and were killed; the run was still stopped by `signum`, hence 128+signum."""
+    how = ("some ranks did not stop in time (--grace_period) and were killed" if killed
+           else "every rank was stopped")
+    return f"mpslaunch: stopped by {signal.Signals(signum).name}; {how} (exit code {128 + signum})"
