@@ -222,7 +222,7 @@ time.sleep(120)
     launcher = start_launcher(tmp_path, script, marker=marker)
     out, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 3, err
-    assert "rank 1 failed first: it exited with code 3" in err
+    assert "rank 1 failed first: it exited with code 3" in err and err.endswith("; rank 0 was stopped\n")
     assert all(gone(pid) for pid in rank_pids(tmp_path))
     assert processes_with(marker) == []
     assert "Traceback" not in err  # neither the script nor the launcher raised
@@ -249,6 +249,25 @@ time.sleep(120)
     stderr_log = Path(summary.split(" is in ")[1].split(";")[0])
     assert stderr_log.is_relative_to(tmp_path / "logs")
     assert "ValueError: boom in rank zero" in stderr_log.read_text()
+
+
+def test_when_both_ranks_fail_the_summary_says_so(tmp_path):
+    """Rank 1 fails; rank 0, told to stop, fails too (exit 5), not 'stopped'."""
+    script = write_script(tmp_path, "both.py", RANK_PREAMBLE + """
+if RANK == 0:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(5))
+    ready()
+    time.sleep(120)
+while not (FOLDER / "pid.0").exists():
+    time.sleep(0.05)
+ready()
+sys.exit(3)
+""")
+    result = run_cli(*TWO_CPU_RANKS, str(script), str(tmp_path), timeout=60)
+    assert result.returncode == 3, result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.startswith("mpslaunch: rank 1 failed first: it exited with code 3;")
+    assert summary.endswith("; rank 0 also failed: it exited with code 5")
 
 
 def test_a_rank_killed_by_a_signal_gives_128_plus_n(tmp_path):

@@ -51,7 +51,8 @@ from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
-from mpslaunch.run.torchrun.outcome import failure_summary, from_torch, stopped_summary
+from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
+                                            stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped, adopt_orphans, sweep
 
 
@@ -145,7 +146,7 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
-            _say(failure_summary(failure))
+            _say(failure_summary(failure, other_endings(failure, failed.failures, plan.num_processes)))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
             signals.quiet()

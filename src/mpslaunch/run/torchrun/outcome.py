@@ -3,7 +3,9 @@
 The exit code is the first failing rank's own (so `sys.exit(3)` in any rank gives 3), 128+N
 when signal N killed it, 128+N when signal N stopped the launcher. The summary names the rank,
 how it ended and where its output (with its traceback) is; the traceback itself was already
-on the console, prefixed with the rank, so the launcher prints no other.
+on the console, prefixed with the rank, so the launcher prints no other. Then how each other
+rank of this machine ended: also failed (with its code), stopped (by torch's agent, or on
+its own with 130/143), or exited 0.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from mpslaunch.run.processes import exit_code
 
@@ -30,6 +33,14 @@ def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
     folder = rank_log_folder(log_root, run_id, failure.local_rank)
     return RankFailure(rank, failure.local_rank, failure.pid, failure.exitcode,
                        str(folder) if folder else None)
+
+
+def other_endings(first: RankFailure, failures: Mapping[int, object],
+                  local_ranks: int) -> dict[int, int]:
+    """How this machine's other ranks ended: torch reports the ones that did not exit 0."""
+    start = first.rank - first.local_rank  # this machine's ranks are consecutive
+    return {rank: failures[rank].exitcode if rank in failures else 0
+            for rank in range(start, start + local_ranks) if rank != first.rank}
 
 
 def rank_log_folder(log_root: str, run_id: str, local_rank: int) -> Path | None:
@@ -69,7 +80,8 @@ def how_it_ended(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def failure_summary(failure: RankFailure) -> str:
+def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None) -> str:
+    """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention)."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
     text = f"mpslaunch: rank {failure.rank} {ended} first: it {how_it_ended(failure.exitcode)}"
     folder = Path(failure.log_folder) if failure.log_folder else None
@@ -77,7 +89,29 @@ def failure_summary(failure: RankFailure) -> str:
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
     if folder and (folder / "error.json").is_file():  # written by scripts that use torch's @record
         text += f", the error record in {folder / 'error.json'}"
-    return text + "; the other ranks were stopped"
+    return "; ".join([text, *_the_others(others or {})])
+
+
+# What torch's agent sends the other ranks once one has failed: SIGTERM, then SIGKILL.
+_STOPPED_BY_THE_AGENT = (-signal.SIGTERM, -signal.SIGKILL)
+
+
+def _the_others(others: Mapping[int, int]) -> list[str]:
+    """Which of the other ranks also failed, which were stopped, which had exited 0."""
+    stopped = [rank for rank, code in sorted(others.items())
+               if code in _STOPPED_BY_THE_AGENT or stopped_on_request(code)]
+    exited = [rank for rank, code in sorted(others.items()) if code == 0]
+    parts = [f"rank {rank} also failed: it {how_it_ended(code)}"
+             for rank, code in sorted(others.items()) if rank not in stopped and code != 0]
+    if stopped:
+        parts.append(f"{_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped")
+    if exited:
+        parts.append(f"{_ranks(exited)} exited with code 0")
+    return parts
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def stopped_summary(signum: int, killed: bool = False) -> str:
