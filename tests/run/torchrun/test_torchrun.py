@@ -270,6 +270,18 @@ sys.exit(3)
     assert summary.endswith("; rank 0 also failed: it exited with code 5")
 
 
+def test_a_restart_is_announced_and_counted(tmp_path):
+    script = write_script(tmp_path, "flaky.py", """
+import os, sys
+sys.exit(7 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
+""")
+    result = run_cli(*TWO_CPU_RANKS, "-q", "--max_restarts", "1", str(script), timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "mpslaunch: rank 1 exited with code 7; starting every rank again (restart 1 of 1)",
+        "mpslaunch: every rank finished, after 1 restart of --max_restarts 1"]
+
+
 def test_a_rank_killed_by_a_signal_gives_128_plus_n(tmp_path):
     script = write_script(tmp_path, "killed.py", """
 import os, signal, time

@@ -19,6 +19,8 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
 - Exit code: the first failing rank's own code, 128+N if signal N killed it; 128+N when signal N
   stopped the launcher. One summary line names the rank and its log files; torch's own log and
   error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher traceback is printed.
+- --max_restarts: each restart gets one line (which rank failed, how, restart k of n) and the
+  final summary counts them (torchrun_attempts).
 - Signals (torchrun_signals): SIGINT/SIGTERM/SIGHUP/SIGQUIT stop every rank with that signal;
   ranks still there after the grace period, or at a second signal, are SIGKILLed; SIGUSR1/2
   are forwarded to every rank. A grace period above 30 s needs a torch whose LaunchConfig has
@@ -47,6 +49,7 @@ from typing import Iterator, Mapping
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.processes import exit_code
+from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
@@ -139,14 +142,17 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
         config.log_line_prefix_template = LINE_PREFIX  # whatever this torch reads it from
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
+        attempts = Attempts(plan.settings.max_restarts, _say)
+        config.logs_specs = elastic.logs_specs(args, attempts)
         try:
-            with whole_rank_lines():
+            with whole_rank_lines(), following(attempts):
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
-            _say(failure_summary(failure, other_endings(failure, failed.failures, plan.num_processes)))
+            others = other_endings(failure, failed.failures, plan.num_processes)
+            _say("; ".join(filter(None, [failure_summary(failure, others), attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
             signals.quiet()
@@ -155,6 +161,8 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
                                f"{type(error).__name__}: {_first_line(error)}") from None
+    if attempts.restarts:
+        _say(f"mpslaunch: every rank finished, after {attempts.counted()}")
     return 0
 
 
@@ -163,12 +171,20 @@ class _Elastic:
 
     def __init__(self):
         import torch.distributed.run as run
-        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.api import (DefaultLogsSpecs, SignalException,
+                                                                    Std)
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         self.run, self.launch = run, elastic_launch
         self.ChildFailedError, self.SignalException = ChildFailedError, SignalException
+        self.DefaultLogsSpecs, self.Std = DefaultLogsSpecs, Std
+
+    def logs_specs(self, args, attempts: Attempts):
+        """torch's own log folders (as config_from_args makes them), announcing each restart."""
+        specs = announcing_logs_specs(self.DefaultLogsSpecs, attempts)
+        return specs(log_dir=args.log_dir, redirects=self.Std.from_str(args.redirects),
+                     tee=self.Std.from_str(args.tee))
 
 
 def _check_torch_distributed() -> None:
