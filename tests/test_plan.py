@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import MACHINES
@@ -250,3 +252,36 @@ def test_summary_and_dry_run_text():
     assert plan.summary() == "mpslaunch: mps: Apple M1, macOS 14.5, torch 2.14.1; precision bf16; 1 process"
     text = plan.describe()
     assert "PYTORCH_ENABLE_MPS_FALLBACK=1" in text and "command:         python3 train.py --lr 0.1" in text
+
+
+# ---------------------------------------------------------------- several machines
+
+HOST = dataclasses.replace(MACHINES["linux_cpu"], addresses=("127.0.0.1", "192.168.1.5", "::1"))
+TWO_MACHINES = dict(cpu=True, num_machines=2, machine_rank=0)
+
+
+@pytest.mark.parametrize("machine, flags", [
+    (HOST, dict(main_process_ip="192.168.1.5")),
+    (HOST, dict(main_process_ip="::1")),
+    (dataclasses.replace(HOST, name_lookup=("trainer0", ("192.168.1.5",))), dict(main_process_ip="trainer0")),
+    (HOST, dict(main_process_ip="10.0.0.5", main_process_ip_via_nat=True)),
+    (HOST, dict(main_process_ip="10.0.0.5", machine_rank=1)),  # machine 0 is elsewhere
+    (MACHINES["linux_cpu"], dict(main_process_ip="10.0.0.5")),  # addresses not probed: unchecked
+], ids=["own-ip", "own-ipv6", "name-resolving-to-own", "nat", "machine-1", "not-probed"])
+def test_machine_0_may_serve_on_its_own_address(machine, flags):
+    plan = resolve(Profile(), LaunchRequest("train.py", **{**TWO_MACHINES, **flags}), machine, {})
+    assert plan.num_machines == 2
+
+
+@pytest.mark.parametrize("machine, address, expected", [
+    (HOST, "10.0.0.5", "main_process_ip 10.0.0.5 is not an address of this machine"),
+    (dataclasses.replace(HOST, name_lookup=("elsewhere", ("10.0.0.5",))), "elsewhere", "elsewhere is not an address"),
+    (dataclasses.replace(HOST, name_lookup=("nowhere", ())), "nowhere", "nowhere does not resolve"),
+])
+def test_machine_0_refuses_an_address_that_is_not_its_own(machine, address, expected):
+    request = LaunchRequest("train.py", **TWO_MACHINES, main_process_ip=address)
+    with pytest.raises(MpslaunchError) as refused:
+        resolve(Profile(), request, machine, {})
+    message = str(refused.value)
+    assert expected in message and "(192.168.1.5)" in message and "--main_process_ip_via_nat" in message
+

@@ -13,7 +13,7 @@ from collections.abc import Mapping  # typing costs an import on every launch
 from dataclasses import dataclass, field, fields
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.machine import Machine, version_tuple
+from mpslaunch.machine import Machine, plain_address, version_tuple
 from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
 
 # torch's MPS watermark defaults on unified memory (MPSAllocator.mm): high 1.7, low 1.4.
@@ -38,8 +38,10 @@ class LaunchRequest:
     num_machines: int | None = None
     machine_rank: int | None = None
     main_process_ip: str | None = None
+    main_process_ip_via_nat: bool | None = None
     main_process_port: int | None = None
     rdzv_backend: str | None = None
+    rdzv_timeout: int | None = None
     max_restarts: int | None = None
     log_dir: str | None = None
 
@@ -100,6 +102,9 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
     device, reason = choose_device(settings.device, request, machine)
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
+    problem = main_address_problem(settings, machine)
+    if problem:
+        raise MpslaunchError(problem)
     multi = settings.num_processes > 1 or settings.num_machines > 1
     env = child_environment(settings, device, machine, environ, multi)
     return LaunchPlan(
@@ -279,6 +284,39 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
             f"--num_processes {settings.num_processes} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
+
+
+# ---------------------------------------------------------------- several machines
+
+
+def checks_main_address(settings: Profile) -> bool:
+    """Machine 0 of several serves the rendezvous on the main address, so that address must be
+    one of its own; unless the user says it reaches machine 0 through NAT."""
+    return (settings.num_machines > 1 and settings.machine_rank == 0
+            and not settings.main_process_ip_via_nat)
+
+
+def main_address_problem(settings: Profile, machine: Machine) -> str | None:
+    """Why machine 0 cannot serve on main_process_ip, or None. Unchecked (None) when the
+    machine's addresses were not probed."""
+    if not checks_main_address(settings) or machine.addresses is None:
+        return None
+    address = settings.main_process_ip
+    literal = plain_address(address)
+    if literal:
+        stands_for: tuple[str, ...] = (literal,)
+    elif machine.name_lookup and machine.name_lookup[0] == address:
+        stands_for = machine.name_lookup[1]
+    else:
+        return None  # a host name that was not looked up
+    if set(stands_for) & set(machine.addresses):
+        return None
+    what = "does not resolve to any address" if not stands_for else "is not an address of this machine"
+    own = [ip for ip in machine.addresses if not ip.startswith(("127.", "::1", "fe80:"))]
+    return (f"main_process_ip {address} {what}, and machine 0 serves the rendezvous there; give "
+            f"one of this machine's addresses ({', '.join(own[:5]) or 'none but the loopback'}), "
+            "give this machine its own --machine_rank if it is not machine 0, or add "
+            "--main_process_ip_via_nat if that address reaches this machine through NAT")
 
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:

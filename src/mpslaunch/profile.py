@@ -29,6 +29,7 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 DEVICES = ("auto", "mps", "cuda", "cpu")
 PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
+RDZV_TIMEOUT = 900  # torchrun's own default, in seconds
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
 
@@ -42,8 +43,11 @@ class Profile:
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
+    # The main address reaches machine 0 through NAT or port forwarding: not one of its own.
+    main_process_ip_via_nat: bool = False
     main_process_port: int = 0  # 0: pick a free port
     rdzv_backend: str = "static"
+    rdzv_timeout: int = RDZV_TIMEOUT  # seconds the machines wait for each other
     max_restarts: int = 0
     mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
     mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
@@ -64,8 +68,10 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "num_machines": (int,),
     "machine_rank": (int,),
     "main_process_ip": (str, type(None)),
+    "main_process_ip_via_nat": (bool,),
     "main_process_port": (int,),
     "rdzv_backend": (str,),
+    "rdzv_timeout": (int,),
     "max_restarts": (int,),
     "mps_fallback": (bool,),
     "mps_memory_cap": (float, int, type(None)),
@@ -85,7 +91,7 @@ def check_value(key: str, value: object) -> str | None:
     choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS}
     if key in choices and value not in choices[key]:
         return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
-    if key in ("num_processes", "num_machines") and value < 1:
+    if key in ("num_processes", "num_machines", "rdzv_timeout") and value < 1:
         return f"must be 1 or more, not {value}"
     if key in ("machine_rank", "max_restarts") and value < 0:
         return f"must be 0 or more, not {value}"

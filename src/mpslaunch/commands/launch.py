@@ -19,7 +19,7 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.options import add_option, add_profile_options
-from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
+from mpslaunch.plan import LaunchPlan, LaunchRequest, apply_flags, checks_main_address, resolve
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
 
@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_option(multi, name, type=kind, metavar=name.split("_")[-1].upper(), help=text)
     add_option(multi, "--rdzv_backend", choices=profiles.RDZV_BACKENDS,
                help="rendezvous: static (default) or c10d")
+    add_option(multi, "--rdzv_timeout", type=int, metavar="SECONDS",
+               help=f"how long the machines wait for each other before giving up "
+                    f"(default {profiles.RDZV_TIMEOUT}, as torchrun)")
+    add_option(multi, "--main_process_ip_via_nat", action="store_true", default=None,
+               help="on machine 0: the main address reaches it through NAT or port forwarding, "
+                    "so it is not one of its own (the rendezvous then listens on every interface)")
     option("--log_dir", metavar="DIR", help="also write each rank's output to DIR")
     add_profile_options(parser)
     option("--grace_period", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
@@ -63,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
         raise MpslaunchError(f"--grace_period must be from 0 to {threading.TIMEOUT_MAX:.0f} "
                              f"seconds, not {args.grace_period}")
     profile, _ = profiles.load_active(args.config_file, args.profile)
-    plan = resolve(profile, request, machine_probe.probe(), os.environ)
+    plan = resolve(profile, request, probe_for(profile, request), os.environ)
     if args.dry_run:
         print(describe(plan))
         return 0
@@ -86,11 +92,23 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         num_machines=args.num_machines,
         machine_rank=args.machine_rank,
         main_process_ip=args.main_process_ip,
+        main_process_ip_via_nat=args.main_process_ip_via_nat,
         main_process_port=args.main_process_port,
         rdzv_backend=args.rdzv_backend,
+        rdzv_timeout=args.rdzv_timeout,
         max_restarts=args.max_restarts,
         log_dir=args.log_dir,
     )
+
+
+def probe_for(profile: profiles.Profile, request: LaunchRequest) -> machine_probe.Machine:
+    """This machine, with its network addresses when it is machine 0 of several (they are
+    checked against --main_process_ip)."""
+    machine = machine_probe.probe()
+    settings = apply_flags(profile, request)
+    if checks_main_address(settings):
+        machine = machine_probe.with_addresses(machine, settings.main_process_ip)
+    return machine
 
 
 def describe(plan: LaunchPlan) -> str:

@@ -11,7 +11,9 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
 
 - One machine: everything listens on 127.0.0.1 only (torchrun_store); port 0 = a free port.
 - Several machines: --num_machines, --machine_rank, --main_process_ip, --main_process_port,
-  --rdzv_backend static|c10d, --max_restarts map onto torchrun's options (torchrun_args).
+  --rdzv_backend static|c10d, --rdzv_timeout, --max_restarts map onto torchrun's options
+  (torchrun_args). Machine 0 serves the rendezvous store; before torch's rendezvous, every
+  machine waits for the others in torchrun_gate, where signals and --rdzv_timeout reach it.
 - Console: every line of every rank, prefixed `[rankN] ` (torchrun's --tee 3; torchrun_console
   keeps the lines whole). --log_dir DIR: torch's per-rank files
   DIR/<run id>_*/attempt_<n>/<local rank>/{stdout,stderr}.log; without it they go to a
@@ -36,6 +38,7 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shlex
@@ -50,6 +53,7 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.processes import exit_code
 from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
+from mpslaunch.run.torchrun.gate import Gate
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
@@ -105,9 +109,12 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
     notes = []
     if plan.settings.main_process_port == 0:
         notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
-    if rendezvous.backend == "static" and rendezvous.node_rank == 0:
-        notes.append(f"this machine hosts the rendezvous store, on {rendezvous.address} only when "
-                     "that is one of its addresses")
+    if plan.settings.machine_rank == 0:
+        where = ("every interface (--main_process_ip_via_nat)"
+                 if plan.settings.main_process_ip_via_nat else f"{rendezvous.address} only")
+        notes.append(f"this machine (machine 0) serves the rendezvous store, on {where}")
+    notes.append(f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
+                 "(--rdzv_timeout); Ctrl-C stops the wait")
     return notes
 
 
@@ -124,10 +131,13 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
             code = 128 + stop.signum
-            _say(stopped_summary(stop.signum))
+            _say(stop.summary or stopped_summary(stop.signum))
         finally:
             signals.quiet()
             sweep()
+    # The launcher is about to exit: with torch loaded, the interpreter's last garbage collection
+    # makes that exit slow, and nothing of the launcher's waits on it.
+    gc.freeze()
     return code
 
 
@@ -135,7 +145,10 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             grace_seconds: float, signals: LauncherSignals) -> int:
     _check_torch_distributed()
     with _quiet_torch_logs(), _environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
-            _store(rendezvous) as port:
+            _store(plan, rendezvous) as (port, store):
+        if not rendezvous.local:
+            Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
+                 plan.settings.rdzv_timeout, _say).wait(store)
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
@@ -198,15 +211,17 @@ def _check_torch_distributed() -> None:
                              "so it cannot run several processes; install an official torch wheel")
 
 
-def _store(rendezvous: Rendezvous):
-    """Where the rendezvous store listens (torchrun_store); None of ours: torch's own."""
-    from mpslaunch.run.torchrun.store import machine0_store, store_on
+def _store(plan: LaunchPlan, rendezvous: Rendezvous):
+    """The rendezvous store this machine serves (torchrun_store): (port, store), or the port and
+    None on machines other than machine 0, which connect to machine 0's."""
+    from mpslaunch.run.torchrun.store import EVERY_INTERFACE, store_on
 
     if rendezvous.local:
         return store_on(rendezvous.address, rendezvous.port)
-    if rendezvous.backend == "static" and rendezvous.node_rank == 0:
-        return machine0_store(rendezvous.address, rendezvous.port)
-    return nullcontext(rendezvous.port)
+    if plan.settings.machine_rank == 0:
+        listen = EVERY_INTERFACE if plan.settings.main_process_ip_via_nat else None
+        return store_on(rendezvous.address, rendezvous.port, listen)
+    return nullcontext((rendezvous.port, None))
 
 
 @contextmanager

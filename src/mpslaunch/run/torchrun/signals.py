@@ -44,9 +44,10 @@ class Stopped(BaseException):
     (rendezvous) do not swallow it; torch's agent still shuts its ranks down in its `finally`.
     """
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, summary: str = ""):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.summary = summary  # the launcher's last line, when the stop needs its own words
 
 
 class LauncherSignals:
