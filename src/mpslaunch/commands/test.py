@@ -10,8 +10,10 @@ Resolves the plan exactly as `mpslaunch launch` does (the profile in force, or -
   mps fallback     on mps: the CPU fallback is set as planned (PYTORCH_ENABLE_MPS_FALLBACK)
   all-reduce       with several processes: an all-reduce across the ranks is correct
 
-Each failure says what to change. Exit code: 0 when every check passed on every rank, 1 when a
-check failed, 2 when the plan itself is impossible here (the same one-line error as `launch`).
+Each failure says what to change. Exit code: 0 when every check passed on every rank and every
+process ended with 0, 1 when a check failed or a process ended otherwise (the launcher's own
+line above says which and how), 2 when the plan itself is impossible here (the same one-line
+error as `launch`).
 
 Examples:
   mpslaunch test
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.run.torchrun.outcome import EXIT_ABORT_ISSUE
 
 CHECK_SCRIPT = Path(__file__).with_name("selfcheck.py")
 DEFAULT_TIMEOUT = 300.0
@@ -124,6 +127,15 @@ def collect(report_dir: Path, expected_ranks: int, child_code: int) -> list[Outc
             f"(launcher exit code {child_code})",
             "the check script crashed before reporting; its error is printed above; "
             "run `mpslaunch env` and report both",
+        ))
+    elif child_code != 0 and all(outcome.ok for outcome in outcomes):
+        # Every check passed, then a process ended badly: not "all passed" under a failure line.
+        outcomes.append(Outcome(
+            "exit", False,
+            f"every check passed, then the launcher ended with exit code {child_code}, not 0: "
+            "its line above says which process and how",
+            f"when that line says torch's exit aborted ({EXIT_ABORT_ISSUE}), the checks hold and "
+            "your scripts may end the same way; otherwise run `mpslaunch env` and report both",
         ))
     return outcomes
 

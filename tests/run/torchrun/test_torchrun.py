@@ -282,6 +282,25 @@ sys.exit(7 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COU
         "mpslaunch: every rank finished, after 1 restart of --max_restarts 1"]
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="libstdc++'s std::terminate")
+def test_an_abort_at_exit_after_the_script_returned_is_named(tmp_path):
+    """What torch's gloo does at interpreter exit about one run in five on a busy machine
+    (pytorch/pytorch#190489), made certain: std::terminate in rank 1 once its script returned."""
+    script = write_script(tmp_path, "abort_at_exit.py", """
+import atexit, ctypes, os
+print("result of rank", os.environ["RANK"])
+if os.environ["RANK"] == "1":
+    atexit.register(lambda: ctypes.CDLL("libstdc++.so.6")._ZSt9terminatev())
+""")
+    result = run_cli(*TWO_CPU_RANKS, "-q", str(script), timeout=60)
+    assert result.returncode == 134, result.stderr
+    assert "[rank1] terminate called without an active exception" in result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.startswith("mpslaunch: rank 1 failed first: it aborted in torch's exit after the "
+                              "script had returned (SIGABRT, exit code 134")
+    assert "https://github.com/pytorch/pytorch/issues/190489" in summary
+
+
 def test_a_rank_killed_by_a_signal_gives_128_plus_n(tmp_path):
     script = write_script(tmp_path, "killed.py", """
 import os, signal, time

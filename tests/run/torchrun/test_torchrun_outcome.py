@@ -88,3 +88,19 @@ def test_summary_names_each_other_rank_as_failed_stopped_or_exited():
 def test_stopped_summary():
     assert "SIGTERM" in stopped_summary(signal.SIGTERM) and "143" in stopped_summary(signal.SIGTERM)
     assert os.linesep not in stopped_summary(signal.SIGINT)
+
+
+def test_an_abort_in_torchs_exit_is_named_as_such(tmp_path):
+    """SIGABRT whose stderr ends with std::terminate's line: torch's gloo shutdown at exit."""
+    run = make_logs(tmp_path, "r", attempts=1)
+    folder = run / "attempt_0" / "1"
+    (folder / "stderr.log").write_text("all done\nterminate called without an active exception\n")
+    text = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
+    assert text.startswith(
+        "mpslaunch: rank 1 failed first: it aborted in torch's exit after the script had returned "
+        "(SIGABRT, exit code 134, \"terminate called without an active exception\"): a known torch "
+        "problem with gloo, https://github.com/pytorch/pytorch/issues/190489;")
+    (folder / "stderr.log").write_text("terminate called without an active exception\nmore\n")
+    plain = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
+    assert "it was killed by SIGABRT (exit code 134);" in plain  # an abort of the script's own
+

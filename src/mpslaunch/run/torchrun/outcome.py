@@ -80,10 +80,35 @@ def how_it_ended(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
+# How std::terminate reports a thread ended by the interpreter's shutdown: gloo's worker thread
+# drops the last reference to a tensor while Python finalizes, takes the GIL and is unwound.
+EXIT_ABORT_LINE = "terminate called without an active exception"
+EXIT_ABORT_ISSUE = "https://github.com/pytorch/pytorch/issues/190489"
+
+
+def aborted_at_exit(failure: RankFailure) -> bool:
+    """SIGABRT with std::terminate's line as the last of its stderr: torch's exit, not the script."""
+    if failure.exitcode != -signal.SIGABRT or not failure.log_folder:
+        return False
+    stderr = Path(failure.log_folder) / "stderr.log"
+    try:
+        with stderr.open("rb") as stream:
+            stream.seek(max(0, stderr.stat().st_size - 4096))
+            tail = stream.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return False
+    return bool(tail) and tail[-1].strip() == EXIT_ABORT_LINE
+
+
 def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None) -> str:
     """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention)."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
-    text = f"mpslaunch: rank {failure.rank} {ended} first: it {how_it_ended(failure.exitcode)}"
+    how = how_it_ended(failure.exitcode)
+    if aborted_at_exit(failure):
+        how = (f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
+               f"{exit_code(failure.exitcode)}, \"{EXIT_ABORT_LINE}\"): a known torch problem "
+               f"with gloo, {EXIT_ABORT_ISSUE}")
+    text = f"mpslaunch: rank {failure.rank} {ended} first: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and (folder / "stderr.log").is_file():
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
