@@ -19,8 +19,10 @@ ACCELERATE_*, OMP_NUM_THREADS), so an unmodified Accelerate script sees MULTI_CP
   DIR/<run id>_*/attempt_<n>/<local rank>/{stdout,stderr}.log; without it they go to a
   temporary folder, kept only when a rank failed (the summary names the file).
 - Exit code: the first failing rank's own code, 128+N if signal N killed it; 128+N when signal N
-  stopped the launcher. One summary line names the rank and its log files; torch's own log and
-  error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher traceback is printed.
+  stopped the launcher, also when ranks ignored it and were killed after the grace period. One
+  summary line names the rank, its log files and how the other ranks ended (torchrun_outcome);
+  torch's own log and error dump are silenced (set LOGLEVEL=INFO to see them), and no launcher
+  traceback is printed.
 - --max_restarts: each restart gets one line (which rank failed, how, restart k of n) and the
   final summary counts them (torchrun_attempts).
 - Signals (torchrun_signals): SIGINT/SIGTERM/SIGHUP/SIGQUIT stop every rank with that signal;
