@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import MACHINES
@@ -220,6 +222,15 @@ def test_watermarks_stay_consistent(cap, environ, high, low):
     assert env.get("PYTORCH_MPS_LOW_WATERMARK_RATIO") == low
 
 
+def test_only_values_the_plan_changes_count_as_replaced():
+    environ = {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_USE_CPU": "true",
+               "OMP_NUM_THREADS": "3"}
+    plan = plan_for("linux_cpu", environ=environ, cpu=True, num_processes=2)
+    assert plan.replaced == {"ACCELERATE_MIXED_PRECISION": "fp16"}  # the same value is no change
+    assert plan.env["ACCELERATE_MIXED_PRECISION"] == "no"
+    assert "OMP_NUM_THREADS" not in plan.env  # a default only: the user's value stays
+
+
 @pytest.mark.parametrize("environ, expected", [
     ({"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "0.5", "PYTORCH_MPS_LOW_WATERMARK_RATIO": "0.9"}, "above the high"),
     ({"PYTORCH_MPS_HIGH_WATERMARK_RATIO": "lots"}, "must be a number"),
@@ -353,3 +364,36 @@ def test_num_processes_per_machine_is_pointed_out_to_accelerate_users():
     plan = plan_for("linux_8gpu", num_processes=8, num_machines=2, main_process_ip="10.0.0.1")
     assert plan.warnings == ("--num_processes 8 counts this machine's processes (Accelerate's "
                              "counts every machine's): 16 in all",)
+
+
+# ---------------------------------------------------------------- several machines
+
+HOST = dataclasses.replace(MACHINES["linux_cpu"], addresses=("127.0.0.1", "192.168.1.5", "::1"))
+TWO_MACHINES = dict(cpu=True, num_machines=2, machine_rank=0)
+
+
+@pytest.mark.parametrize("machine, flags", [
+    (HOST, dict(main_process_ip="192.168.1.5")),
+    (HOST, dict(main_process_ip="::1")),
+    (dataclasses.replace(HOST, name_lookup=("trainer0", ("192.168.1.5",))), dict(main_process_ip="trainer0")),
+    (HOST, dict(main_process_ip="10.0.0.5", main_process_ip_via_nat=True)),
+    (HOST, dict(main_process_ip="10.0.0.5", machine_rank=1)),  # machine 0 is elsewhere
+    (MACHINES["linux_cpu"], dict(main_process_ip="10.0.0.5")),  # addresses not probed: unchecked
+], ids=["own-ip", "own-ipv6", "name-resolving-to-own", "nat", "machine-1", "not-probed"])
+def test_machine_0_may_serve_on_its_own_address(machine, flags):
+    plan = resolve(Profile(), LaunchRequest("train.py", **{**TWO_MACHINES, **flags}), machine, {})
+    assert plan.num_machines == 2
+
+
+@pytest.mark.parametrize("machine, address, expected", [
+    (HOST, "10.0.0.5", "main_process_ip 10.0.0.5 is not an address of this machine"),
+    (dataclasses.replace(HOST, name_lookup=("elsewhere", ("10.0.0.5",))), "elsewhere", "elsewhere is not an address"),
+    (dataclasses.replace(HOST, name_lookup=("nowhere", ())), "nowhere", "nowhere does not resolve"),
+])
+def test_machine_0_refuses_an_address_that_is_not_its_own(machine, address, expected):
+    request = LaunchRequest("train.py", **TWO_MACHINES, main_process_ip=address)
+    with pytest.raises(MpslaunchError) as refused:
+        resolve(Profile(), request, machine, {})
+    message = str(refused.value)
+    assert expected in message and "(192.168.1.5)" in message and "--main_process_ip_via_nat" in message
+

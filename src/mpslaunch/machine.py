@@ -39,6 +39,9 @@ class Machine:
     virtual_machine: bool = False  # a macOS virtual machine (kern.hv_vmm_present), e.g. a CI runner
     os_build: str | None = None  # the macOS build (kern.osversion), e.g. "24B83"
     mps_answer: MpsAnswer | None = None  # torch's own verdict on mps, cached; None: not asked yet
+    # Probed only for machine 0 of several (with_addresses): psutil costs an import on every launch.
+    addresses: tuple[str, ...] | None = None  # this machine's interface addresses; None: not probed
+    name_lookup: tuple[str, tuple[str, ...]] | None = None  # a host name and what it resolved to
 
     @property
     def is_mac(self) -> bool:
@@ -231,3 +234,50 @@ def _gpu_model(information: Path) -> str:
     except OSError:
         found = None
     return found.group(1).strip() if found else "NVIDIA GPU"
+
+
+# ---------------------------------------------------------------- network addresses
+
+
+def with_addresses(machine: Machine, main_address: str) -> Machine:
+    """`machine` with its interface addresses (unless already known) and, when `main_address`
+    is a host name, what it resolves to. Nothing is sent anywhere: the interfaces are listed,
+    and a name is looked up as the system resolves it."""
+    import dataclasses
+
+    known = machine.addresses if machine.addresses is not None else interface_addresses()
+    lookup = None if plain_address(main_address) else (main_address, resolved_addresses(main_address))
+    return dataclasses.replace(machine, addresses=known, name_lookup=lookup)
+
+
+def interface_addresses() -> tuple[str, ...]:
+    """Every IPv4 and IPv6 address of this machine's network interfaces (loopback included)."""
+    import socket
+
+    import psutil  # here only: a several-machine launch is the one that needs it
+
+    found = {plain_address(entry.address) for entries in psutil.net_if_addrs().values()
+             for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
+    return tuple(sorted(found - {None}))
+
+
+def resolved_addresses(name: str) -> tuple[str, ...]:
+    """The addresses a host name stands for; () when it resolves to nothing."""
+    import socket
+
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return ()
+    return tuple(sorted({plain_address(entry[4][0]) for entry in found} - {None}))
+
+
+def plain_address(text: str) -> str | None:
+    """An IP address in one spelling (IPv6 compressed, without its zone: fe80::1%eth0), or None
+    when `text` is not an address (a host name)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text.split("%", 1)[0]))
+    except ValueError:
+        return None

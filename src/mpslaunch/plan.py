@@ -11,7 +11,7 @@ from collections.abc import Mapping  # typing costs an import on every launch
 from dataclasses import dataclass, field, fields, replace
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.machine import Machine, version_tuple
+from mpslaunch.machine import Machine, plain_address, version_tuple
 from mpslaunch.profile import KNOWN_KEYS, MPS_WATERMARK_MAX, Profile, check_profile, check_value
 
 # torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
@@ -36,8 +36,10 @@ class LaunchRequest:
     num_machines: int | None = None
     machine_rank: int | None = None
     main_process_ip: str | None = None
+    main_process_ip_via_nat: bool | None = None
     main_process_port: int | None = None
     rdzv_backend: str | None = None
+    rdzv_timeout: int | None = None
     max_restarts: int | None = None
     log_dir: str | None = None
     # Accelerate's launch options with the same meaning here (`accelerate launch --help`).
@@ -72,6 +74,7 @@ class LaunchPlan:
     accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
     monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
     no_python: bool = False  # command[0] is the target itself
+    replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
 
     @property
     def world_size(self) -> int:
@@ -88,8 +91,13 @@ class LaunchPlan:
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
-        logs = f"; output also in {self.log_dir}" if self.log_dir else ""
-        return f"mpslaunch: {self.choice()}{logs}"
+        line = f"mpslaunch: {self.choice()}"
+        if self.log_dir:
+            line += f"; output also in {self.log_dir}"
+        if self.replaced:
+            line += "; replaced in your environment: " + ", ".join(
+                f"{key}={old} (now {self.env[key]})" for key, old in sorted(self.replaced.items()))
+        return line
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -104,7 +112,9 @@ class LaunchPlan:
             f"engine:          {self.engine}",
             f"command:         {shlex.join(self.command)}",
             "environment added:",
-            *(f"  {key}={value}" for key, value in sorted(self.env.items())),
+            *(f"  {key}={value}" + (f"   replaced (was {self.replaced[key]})"
+                                     if key in self.replaced else "")
+              for key, value in sorted(self.env.items())),
         ]
         if self.log_dir and self.engine == "single":
             lines.append(f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
@@ -125,6 +135,9 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
     _check_launch_options(request, settings, device)
+    problem = main_address_problem(settings, machine)
+    if problem:
+        raise MpslaunchError(problem)
     multi = settings.num_processes > 1 or settings.num_machines > 1
     env = child_environment(settings, device, machine, environ, multi)
     env.update(accelerate_environment(request, settings, device))
@@ -144,6 +157,7 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         accelerate_notes=accelerate_notes(request, settings, device, env),
         monitor_interval=request.monitor_interval,
         no_python=request.no_python,
+        replaced=replaced_values(env, environ),
     )
 
 
@@ -361,6 +375,39 @@ def most_processes(device: str, machine: Machine) -> int:
     return CPU_PROCESSES_PER_CORE * machine.cpu_count
 
 
+# ---------------------------------------------------------------- several machines
+
+
+def checks_main_address(settings: Profile) -> bool:
+    """Machine 0 of several serves the rendezvous on the main address, so that address must be
+    one of its own; unless the user says it reaches machine 0 through NAT."""
+    return (settings.num_machines > 1 and settings.machine_rank == 0
+            and not settings.main_process_ip_via_nat)
+
+
+def main_address_problem(settings: Profile, machine: Machine) -> str | None:
+    """Why machine 0 cannot serve on main_process_ip, or None. Unchecked (None) when the
+    machine's addresses were not probed."""
+    if not checks_main_address(settings) or machine.addresses is None:
+        return None
+    address = settings.main_process_ip
+    literal = plain_address(address)
+    if literal:
+        stands_for: tuple[str, ...] = (literal,)
+    elif machine.name_lookup and machine.name_lookup[0] == address:
+        stands_for = machine.name_lookup[1]
+    else:
+        return None  # a host name that was not looked up
+    if set(stands_for) & set(machine.addresses):
+        return None
+    what = "does not resolve to any address" if not stands_for else "is not an address of this machine"
+    own = [ip for ip in machine.addresses if not ip.startswith(("127.", "::1", "fe80:"))]
+    return (f"main_process_ip {address} {what}, and machine 0 serves the rendezvous there; give "
+            f"one of this machine's addresses ({', '.join(own[:5]) or 'none but the loopback'}), "
+            "give this machine its own --machine_rank if it is not machine 0, or add "
+            "--main_process_ip_via_nat if that address reaches this machine through NAT")
+
+
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:
     if device == "cpu" and settings.num_processes > machine.cpu_count:
         return (f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
@@ -405,6 +452,18 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         env["OMP_NUM_THREADS"] = (str(max(1, machine.cpu_count // settings.num_processes))
                                   if device == "cpu" else "1")
     return env
+
+
+def replaced_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The user's own values that the plan overrides, to be named (never replaced silently).
+
+    The variables the plan sets carry its decisions, and the plan comes from flags, then the
+    profile, then auto-detection: an exported ACCELERATE_MIXED_PRECISION is none of those, so
+    it does not win (it would also skip the checks, such as fp16 refused on cpu). Variables the
+    plan only defaults (OMP_NUM_THREADS, PYTORCH_ENABLE_MPS_FALLBACK) are not set when the user
+    has them, so they never appear here.
+    """
+    return {key: environ[key] for key, value in env.items() if environ.get(key, value) != value}
 
 
 def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, str]:

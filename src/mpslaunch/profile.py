@@ -30,6 +30,7 @@ RDZV_BACKENDS = ("static", "c10d")
 DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
                    "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "tvm")
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
+RDZV_TIMEOUT = 900  # torchrun's own default, in seconds
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
 MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
@@ -44,8 +45,11 @@ class Profile:
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
+    # The main address reaches machine 0 through NAT or port forwarding: not one of its own.
+    main_process_ip_via_nat: bool = False
     main_process_port: int = 0  # 0: pick a free port
     rdzv_backend: str = "static"
+    rdzv_timeout: int = RDZV_TIMEOUT  # seconds the machines wait for each other
     max_restarts: int = 0
     mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
     mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
@@ -74,8 +78,10 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "num_machines": (int,),
     "machine_rank": (int,),
     "main_process_ip": (str, type(None)),
+    "main_process_ip_via_nat": (bool,),
     "main_process_port": (int,),
     "rdzv_backend": (str,),
+    "rdzv_timeout": (int,),
     "max_restarts": (int,),
     "mps_fallback": (bool,),
     "mps_memory_cap": (float, int, type(None)),
@@ -103,7 +109,7 @@ def check_value(key: str, value: object) -> str | None:
                "dynamo_backend": DYNAMO_BACKENDS, "dynamo_mode": DYNAMO_MODES}
     if key in choices and value not in choices[key]:
         return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
-    if key in ("num_processes", "num_machines") and value is not None and value < 1:
+    if key in ("num_processes", "num_machines", "rdzv_timeout") and value is not None and value < 1:
         return f"must be 1 or more, not {value}"
     if key in ("machine_rank", "max_restarts") and value < 0:
         return f"must be 0 or more, not {value}"

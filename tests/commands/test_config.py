@@ -300,7 +300,7 @@ def test_the_rendezvous_choices_say_what_they_mean_in_a_real_terminal(terminal):
     screen.wait_for("several machines?")
     screen.keys("y")
     for question, answer in (("How many machines?", "Enter"), ("rank", "Enter"),
-                             ("Address of the main machine", "10.0.0.1"), ("Port", "Enter")):
+                             ("Address of the main machine", "127.0.0.1"), ("Port", "Enter")):
         screen.wait_for(question)
         screen.keys(answer) if answer == "Enter" else screen.keys(answer, "Enter")
     text = screen.wait_for("Rendezvous backend?")

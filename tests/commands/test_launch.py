@@ -123,6 +123,20 @@ def test_user_environment_passes_through(tmp_path):
     assert result.stdout.strip() == "kept"
 
 
+def test_a_user_value_the_plan_overrides_is_named(tmp_path):
+    """The plan's value wins (flags > profile > auto-detection; the environment is not an
+    input), and the plan line and --dry-run say which of the user's values it replaced."""
+    script = write_script(tmp_path, "report.py", REPORT_ENV)
+    mine = {"ACCELERATE_MIXED_PRECISION": "fp16"}
+    result = run_cli("launch", "--cpu", str(script), env=mine)
+    assert json.loads(result.stdout)["env"]["ACCELERATE_MIXED_PRECISION"] == "no"
+    assert result.stderr.strip().endswith(
+        "; replaced in your environment: ACCELERATE_MIXED_PRECISION=fp16 (now no)")
+    dry = run_cli("launch", "--dry-run", "--cpu", "--num_processes", "2", str(script), env=mine)
+    assert "  ACCELERATE_MIXED_PRECISION=no   replaced (was fp16)" in dry.stdout.splitlines()
+    assert "  ACCELERATE_USE_CPU=true" in dry.stdout.splitlines()  # not the user's: just added
+
+
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     script = write_script(tmp_path, "touch.py", f"open({str(marker)!r}, 'w').close()")
@@ -224,7 +238,7 @@ time.sleep(120)
     launcher = start_launcher("--cpu", "-q", "--grace_period", "1", str(script), str(ready))
     child_pid = int(wait_for(ready))
     launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=30) == 128 + 9
+    assert launcher.wait(timeout=30) == 143  # stopped by SIGTERM, as on the torchrun path
     assert not alive(child_pid)
 
 

@@ -179,6 +179,24 @@ def test_several_machines_only_after_a_yes(tmp_path):
     assert plan.world_size == 4
 
 
+def test_machine_0_takes_only_its_own_address_unless_it_is_behind_nat(tmp_path):
+    """plan.main_address_problem, asked as the address is typed (no connection is made)."""
+    machine = Machine(system="Linux", arch="x86_64", torch_version="2.14.1", torch_cuda="13.0",
+                      cuda_devices=("NVIDIA H200",) * 8, cpu_count=64, python="/usr/bin/python3",
+                      addresses=("127.0.0.1", "192.168.1.5"))
+    two_machines_rank_0 = ENTER + "2" + ENTER + "y" + "2" + ENTER + "0" + ENTER
+    rest = ENTER + ENTER + ENTER  # port, backend, precision
+    profile, notes = answer(machine, two_machines_rank_0 + "10.0.0.1" + ENTER + "n"
+                            + "192.168.1.5" + ENTER + rest)
+    assert "main_process_ip 10.0.0.1 is not an address of this machine" in notes
+    text = " ".join(notes.split())  # notes wrap to the terminal's width
+    assert text.count("is not an address of this machine") == 1 and "(192.168.1.5)" in text
+    assert (profile.main_process_ip, profile.main_process_ip_via_nat) == ("192.168.1.5", False)
+    profile, _ = answer(machine, two_machines_rank_0 + "10.0.0.1" + ENTER + "y" + rest)
+    assert (profile.main_process_ip, profile.main_process_ip_via_nat) == ("10.0.0.1", True)
+    loads_and_resolves(profile, machine, tmp_path)
+
+
 def test_linux_cpu_asks_for_cpu_processes(tmp_path):
     profile, notes = answer(LINUX_CPU, DOWN + ENTER + "4" + ENTER + "n" + DOWN + ENTER)
     assert profile == Profile(device="cpu", num_processes=4, mixed_precision="bf16")

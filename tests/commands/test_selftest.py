@@ -179,6 +179,18 @@ def test_a_rank_without_report_is_a_failure(tmp_path):
     assert "1 of 2 process(es) ended without a report (launcher exit code 139)" in outcomes[-1].detail
 
 
+def test_a_process_that_ends_badly_after_passing_every_check_fails_the_test(tmp_path):
+    """A rank aborted after its report (torch's gloo exit): never 'all passed' below that."""
+    write_report(tmp_path, 0, ("device", True), ("all-reduce", True))
+    write_report(tmp_path, 1, ("device", True), ("all-reduce", True))
+    outcomes = collect(tmp_path, expected_ranks=2, child_code=134)
+    assert [(o.name, o.ok) for o in outcomes] == [("device", True), ("all-reduce", True), ("exit", False)]
+    assert "exit code 134" in outcomes[-1].detail
+    assert format_outcomes(outcomes).splitlines()[-1] == "mpslaunch test: 2 of 3 checks passed"
+    assert collect(tmp_path, expected_ranks=2, child_code=0)[-1] == Outcome(
+        "all-reduce", True, "all-reduce on rank 0 (all 2 ranks)")
+
+
 def test_output_has_one_line_per_check_and_a_fix_under_each_failure():
     text = format_outcomes([Outcome("device", True, "cpu"),
                             Outcome("all-reduce", False, "summed to 2", "check the port")])

@@ -20,7 +20,8 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.accelerate_options import add_refused
 from mpslaunch.commands.options import add_option, add_profile_options
 from mpslaunch.machine import Machine
-from mpslaunch.plan import LaunchPlan, LaunchRequest, mps_problem, resolve
+from mpslaunch.plan import (LaunchPlan, LaunchRequest, apply_flags, checks_main_address,
+                            mps_problem, resolve)
 from mpslaunch.profile import Profile
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
@@ -61,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_option(multi, name, type=kind, metavar=name.split("_")[-1].upper(), help=text)
     add_option(multi, "--rdzv_backend", choices=profiles.RDZV_BACKENDS,
                help="rendezvous: static (default) or c10d")
+    add_option(multi, "--rdzv_timeout", type=int, metavar="SECONDS",
+               help=f"how long the machines wait for each other before giving up "
+                    f"(default {profiles.RDZV_TIMEOUT}, as torchrun)")
+    add_option(multi, "--main_process_ip_via_nat", action="store_true", default=None,
+               help="on machine 0: the main address reaches it through NAT or port forwarding, "
+                    "so it is not one of its own (the rendezvous then listens on every interface)")
     add_option(multi, "--monitor_interval", type=float, metavar="SECONDS",
                help="how often torch checks the ranks (default 0.1)")
     accelerate = parser.add_argument_group("for the script's Accelerator (as accelerate launch sets them)")
@@ -146,8 +153,10 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         num_machines=args.num_machines,
         machine_rank=args.machine_rank,
         main_process_ip=args.main_process_ip,
+        main_process_ip_via_nat=args.main_process_ip_via_nat,
         main_process_port=args.main_process_port,
         rdzv_backend=args.rdzv_backend,
+        rdzv_timeout=args.rdzv_timeout,
         max_restarts=args.max_restarts,
         log_dir=args.log_dir,
         gpu_ids=args.gpu_ids,
@@ -166,9 +175,13 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
 
 
 def probe_for(profile: Profile, request: LaunchRequest, quiet: bool = False) -> Machine:
-    """The machine; on a Mac where the plan would be mps and torch was never asked about this
+    """This machine: with its network addresses when it is machine 0 of several (checked against
+    --main_process_ip); on a Mac where the plan would be mps and torch was never asked about this
     Python, torch and macOS build, with torch's verdict (asked once, then cached)."""
     machine = machine_probe.probe()
+    settings = apply_flags(profile, request)
+    if checks_main_address(settings):
+        machine = machine_probe.with_addresses(machine, settings.main_process_ip)
     if not machine.is_mac or machine.mps_answer is not None:
         return machine
     if resolve(profile, request, machine, os.environ).device != "mps":

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.machine import Machine
-from mpslaunch.plan import (LaunchRequest, choose_device, cuda_problem, most_processes, mps_problem,
-                           precision_refusal, resolve)
+from mpslaunch.machine import Machine, with_addresses
+from mpslaunch.plan import (LaunchRequest, choose_device, cuda_problem, main_address_problem,
+                           most_processes, mps_problem, precision_refusal, resolve)
 from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile, check_value
 from mpslaunch.run.torchrun.args import DEFAULT_PORT
 
@@ -76,7 +76,9 @@ def process_counts(device: str, machine: Machine) -> tuple[int, ...]:
 
 
 def several_machines_possible(device: str, machine: Machine) -> bool:
-    return _accepted(machine, device=device, num_machines=2, main_process_ip="127.0.0.1")
+    # As machine 1: whether this machine may be machine 0 depends on the address, asked later.
+    return _accepted(machine, device=device, num_machines=2, machine_rank=1,
+                     main_process_ip="127.0.0.1")
 
 
 def _accepted(machine: Machine, **settings) -> bool:
@@ -125,7 +127,7 @@ def ask_profile(machine: Machine, start: Profile | None = None,
 
     if several_machines_possible(used, machine) and ask.confirm(
             "Will this training run across several machines?", default=start.num_machines > 1):
-        profile = _ask_machines(ask, profile, start)
+        profile = _ask_machines(ask, profile, start, machine)
 
     precision = ask.choose("Mixed precision?", precision_offer(used, machine),
                            default=start.mixed_precision)
@@ -148,17 +150,36 @@ def keep_mps(question: str) -> bool:
     return questionary.confirm(question, default=True).unsafe_ask()
 
 
-def _ask_machines(ask: "_Asker", profile: Profile, start: Profile) -> Profile:
+def _ask_machines(ask: "_Asker", profile: Profile, start: Profile, machine: Machine) -> Profile:
     count = ask.number("How many machines?", max(start.num_machines, 2), 2, None)
     rank = ask.number(f"This machine's rank (0 is the main machine, up to {count - 1})?",
                       min(start.machine_rank, count - 1), 0, count - 1)
-    address = ask.text("Address of the main machine (rank 0), as the others reach it?",
-                       start.main_process_ip or "", lambda text: None if text.strip() else "give an address")
+    address, via_nat = _main_address(ask, machine, count, rank, start)
     port = ask.number("Port on the main machine?", start.main_process_port or DEFAULT_PORT, 1, 65535)
     backend = ask.choose("Rendezvous backend?", Offer(RDZV_BACKENDS), default=start.rdzv_backend,
                          labels=RDZV_LABELS)
-    return profile.replace(num_machines=count, machine_rank=rank, main_process_ip=address.strip(),
-                           main_process_port=port, rdzv_backend=backend)
+    return profile.replace(num_machines=count, machine_rank=rank, main_process_ip=address,
+                           main_process_ip_via_nat=via_nat, main_process_port=port,
+                           rdzv_backend=backend)
+
+
+def _main_address(ask: "_Asker", machine: Machine, count: int, rank: int,
+                  start: Profile) -> tuple[str, bool]:
+    """The main address; on machine 0, one of its own (plan.main_address_problem) unless the
+    user says it reaches this machine through NAT."""
+    default = start.main_process_ip or ""
+    while True:
+        address = ask.text("Address of the main machine (rank 0), as the others reach it?",
+                           default, lambda text: None if text.strip() else "give an address").strip()
+        settings = Profile(num_machines=count, machine_rank=rank, main_process_ip=address)
+        problem = main_address_problem(settings, with_addresses(machine, address)) if rank == 0 else None
+        if problem is None:
+            return address, False
+        ask.note(problem)
+        if ask.confirm(f"Does {address} reach this machine through NAT or port forwarding?",
+                       default=start.main_process_ip_via_nat):
+            return address, True
+        default = ""
 
 
 def _check_offered(profile: Profile, machine: Machine) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.run.torchrun.outcome import EXIT_ABORT_ISSUE
 
 HELP = """\
 Check that the plan works on this machine, through the real launch path: it runs a
@@ -126,6 +127,15 @@ def collect(report_dir: Path, expected_ranks: int, child_code: int) -> list[Outc
             f"(launcher exit code {child_code})",
             "the check script crashed before reporting; its error is printed above; "
             "run `mpslaunch env` and report both",
+        ))
+    elif child_code != 0 and all(outcome.ok for outcome in outcomes):
+        # Every check passed, then a process ended badly: not "all passed" under a failure line.
+        outcomes.append(Outcome(
+            "exit", False,
+            f"every check passed, then the launcher ended with exit code {child_code}, not 0: "
+            "its line above says which process and how",
+            f"when that line says torch's exit aborted ({EXIT_ABORT_ISSUE}), the checks hold and "
+            "your scripts may end the same way; otherwise run `mpslaunch env` and report both",
         ))
     return outcomes
 

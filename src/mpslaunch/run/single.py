@@ -5,6 +5,8 @@ leaves in its process group (DataLoader workers) can be killed when it ends; wha
 (setsid helpers) is found by the run's marker (run/processes.py). On Linux the child also dies
 with the launcher (PR_SET_PDEATHSIG); its helpers in sessions of their own do not.
 With --log_dir its output is also copied to files (run/tee.py).
+Exit code: the child's own; 128+N when signal N killed it, or when stopping signal N reached
+it and it was killed after the grace period (the run was stopped by N, as on the torchrun path).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +51,12 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
     kill_marked(run_id, started)  # helpers that left the child's session
     if tee:
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
+    if supervisor.killed_after_grace and returncode == -signal.SIGKILL:
+        code = 128 + supervisor.stopping_signal
+        print(f"mpslaunch: the script was still running {grace_seconds:g} s after "
+              f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
+              f"killed; exit code {code}", file=sys.stderr, flush=True)
+        return code
     return exit_code(returncode)
 
 
@@ -59,6 +68,8 @@ class _Supervisor:
         self.child: subprocess.Popen | None = None
         self.held: list[int] = []
         self.kill_timer: threading.Timer | None = None
+        self.stopping_signal = 0  # the first stopping signal forwarded
+        self.killed_after_grace = False
 
     def attach(self, child: subprocess.Popen) -> None:
         self.child = child
@@ -76,9 +87,14 @@ class _Supervisor:
         except ProcessLookupError:
             return
         if signum in STOPPING_SIGNALS and self.kill_timer is None:
-            self.kill_timer = threading.Timer(self.grace_seconds, self.kill_group)
+            self.stopping_signal = signum
+            self.kill_timer = threading.Timer(self.grace_seconds, self._grace_over)
             self.kill_timer.daemon = True
             self.kill_timer.start()
+
+    def _grace_over(self) -> None:
+        self.killed_after_grace = self.child.poll() is None
+        self.kill_group()
 
     def kill_group(self) -> None:
         kill_group(self.child.pid)

@@ -45,3 +45,15 @@ def test_an_unfinished_line_is_written_when_the_run_ends():
     assert out == ""
     lines.finish()
     assert lines.target.getvalue() == "[rank1] no newline at the end\n"
+
+
+def test_torchs_own_rank_prefix_is_not_repeated():
+    # torch's excepthook writes "[rank1]: ...", its C++ warnings "[rank1]:[W...]".
+    out, lines = feed("[rank1] [rank1]: Traceback (most recent call last):\n",
+                      "[rank1] [rank1]:[W0101 warning]\n", "[rank1] [rank0]: another rank's\n",
+                      "[rank1] [rank1]: unfinished")
+    lines.finish()
+    assert lines.target.getvalue() == ("[rank1] Traceback (most recent call last):\n"
+                                       "[rank1] [W0101 warning]\n"
+                                       "[rank1] [rank0]: another rank's\n"
+                                       "[rank1] unfinished\n")

@@ -7,7 +7,7 @@ import signal
 from types import SimpleNamespace
 
 from mpslaunch.run.torchrun.outcome import (RankFailure, failure_summary, from_torch, how_it_ended,
-                                        rank_log_folder, stopped_summary)
+                                            other_endings, rank_log_folder, stopped_summary)
 
 
 def make_logs(root, run_id: str, attempts: int, local_ranks: int = 2):
@@ -67,11 +67,40 @@ def test_summary_mentions_torchs_error_record_when_the_script_wrote_one(tmp_path
 
 
 def test_summary_without_log_files_still_names_the_rank():
-    text = failure_summary(RankFailure(1, 1, 1, -9, None))
+    text = failure_summary(RankFailure(1, 1, 1, -9, None), {0: -signal.SIGTERM})
     assert text == ("mpslaunch: rank 1 failed first: it was killed by SIGKILL (exit code 137); "
-                    "the other ranks were stopped")
+                    "rank 0 was stopped")
+
+
+def test_summary_names_each_other_rank_as_failed_stopped_or_exited():
+    first = RankFailure(5, 1, 1, 3, None)  # machine 1 of 2, four ranks each: ranks 4 to 7
+    failures = {5: first, 6: SimpleNamespace(exitcode=-signal.SIGTERM),
+                4: SimpleNamespace(exitcode=7), 7: SimpleNamespace(exitcode=143)}
+    others = other_endings(first, failures, local_ranks=4)
+    assert others == {4: 7, 6: -signal.SIGTERM, 7: 143}
+    assert failure_summary(first, others) == (
+        "mpslaunch: rank 5 failed first: it exited with code 3; rank 4 also failed: it exited "
+        "with code 7; ranks 6, 7 were stopped")
+    others = other_endings(RankFailure(1, 1, 1, 3, None), {1: first}, local_ranks=2)
+    assert failure_summary(first, others).endswith("; rank 0 exited with code 0")
 
 
 def test_stopped_summary():
     assert "SIGTERM" in stopped_summary(signal.SIGTERM) and "143" in stopped_summary(signal.SIGTERM)
     assert os.linesep not in stopped_summary(signal.SIGINT)
+
+
+def test_an_abort_in_torchs_exit_is_named_as_such(tmp_path):
+    """SIGABRT whose stderr ends with std::terminate's line: torch's gloo shutdown at exit."""
+    run = make_logs(tmp_path, "r", attempts=1)
+    folder = run / "attempt_0" / "1"
+    (folder / "stderr.log").write_text("all done\nterminate called without an active exception\n")
+    text = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
+    assert text.startswith(
+        "mpslaunch: rank 1 failed first: it aborted in torch's exit after the script had returned "
+        "(SIGABRT, exit code 134, \"terminate called without an active exception\"): a known torch "
+        "problem with gloo, https://github.com/pytorch/pytorch/issues/190489;")
+    (folder / "stderr.log").write_text("terminate called without an active exception\nmore\n")
+    plain = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
+    assert "it was killed by SIGABRT (exit code 134);" in plain  # an abort of the script's own
+

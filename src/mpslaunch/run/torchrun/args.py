@@ -65,6 +65,9 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
         args += ["--node-rank", str(rendezvous.node_rank), "--master-addr", host, "--master-port", port]
     else:
         args += ["--rdzv-endpoint", f"{host}:{port}"]
+    if not rendezvous.local:  # each backend names its join timeout differently
+        key = "timeout" if rendezvous.backend == "static" else "join_timeout"
+        args += ["--rdzv-conf", f"{key}={plan.settings.rdzv_timeout}"]
     # --tee 3: both streams of every rank go to its log files and, prefixed, to the console.
     args += ["--tee", "3"]
     if log_dir:

@@ -2,6 +2,8 @@
 
 torch's --tee tailer writes whatever readline() returns, so a line a rank writes in pieces could
 be split under two prefixes; RankLines holds each rank's unfinished piece until its line ends.
+torch's own `[rankN]:` prefix (its excepthook, its C++ warnings) is dropped on the console for
+the same rank, so each line shows one prefix; the log files keep torch's.
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ class RankLines:
             if body[done:]:
                 self.unfinished[prefix] = body[done:]
             # A bare "\r" (a progress bar's carriage return before its text) needs no prefix.
-            self.target.write("".join(prefix + line for line in lines if line != "\r"))
+            self.target.write("".join(_one_prefix(prefix, line) for line in lines if line != "\r"))
         return len(text)
 
     def finish(self) -> None:
         with self.lock:
             for prefix, rest in self.unfinished.items():
-                self.target.write(f"{prefix}{rest}\n")
+                self.target.write(_one_prefix(prefix, rest + "\n"))
             self.unfinished.clear()
         self.target.flush()
 
@@ -52,6 +54,15 @@ class RankLines:
 
     def __getattr__(self, name: str):
         return getattr(self.target, name)  # fileno, isatty, encoding, ...
+
+
+def _one_prefix(prefix: str, line: str) -> str:
+    """`[rankN] ` + the line, without torch's own `[rankN]:` (and its space) for the same rank."""
+    torchs = prefix.rstrip() + ":"
+    if line.startswith(torchs):
+        line = line[len(torchs):]
+        line = line[1:] if line.startswith(" ") else line
+    return prefix + line
 
 
 @contextmanager

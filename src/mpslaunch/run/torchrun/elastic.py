@@ -2,11 +2,13 @@
 
 We build torchrun's own command line (args.py), let torch parse it, and run elastic_launch here,
 so the first failing rank's own exit code and log come back. torch is imported only on this path.
-The contracts it keeps (console, logs, exit codes, signals, leftovers) are in docs/design.md.
+The contracts it keeps (console, logs, exit codes, restarts, signals, leftovers, the wait for
+other machines) are in docs/design.md.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shlex
@@ -21,11 +23,14 @@ from typing import Iterator, Mapping
 from mpslaunch.errors import MpslaunchError, error_line
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.processes import RUN_MARKER, exit_code
+from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
+from mpslaunch.run.torchrun.gate import Gate
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
-from mpslaunch.run.torchrun.outcome import failure_summary, from_torch, stopped_summary
+from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
+                                            stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped, adopt_orphans, sweep
 
 
@@ -75,9 +80,12 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
     notes = []
     if plan.settings.main_process_port == 0:
         notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
-    if rendezvous.backend == "static" and rendezvous.node_rank == 0:
-        notes.append(f"this machine hosts the rendezvous store, on {rendezvous.address} only when "
-                     "that is one of its addresses")
+    if plan.settings.machine_rank == 0:
+        where = ("every interface (--main_process_ip_via_nat)"
+                 if plan.settings.main_process_ip_via_nat else f"{rendezvous.address} only")
+        notes.append(f"this machine (machine 0) serves the rendezvous store, on {where}")
+    notes.append(f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
+                 "(--rdzv_timeout); Ctrl-C stops the wait")
     return notes
 
 
@@ -95,10 +103,13 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
             code = 128 + stop.signum
-            _say(stopped_summary(stop.signum))
+            _say(stop.summary or stopped_summary(stop.signum))
         finally:
             signals.quiet()
             sweep(rendezvous.run_id, started)
+    # The launcher is about to exit: with torch loaded, the interpreter's last garbage collection
+    # makes that exit slow, and nothing of the launcher's waits on it.
+    gc.freeze()
     return code
 
 
@@ -106,29 +117,37 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             grace_seconds: float, signals: LauncherSignals) -> int:
     _check_torch_distributed()
     with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
-            _store(rendezvous) as port:
+            _store(plan, rendezvous) as (port, store):
+        if not rendezvous.local:
+            Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
+                 plan.settings.rdzv_timeout, _say).wait(store)
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
         config, entrypoint, entry_args = elastic.run.config_from_args(args)
         config.log_line_prefix_template = LINE_PREFIX  # whatever this torch reads it from
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
+        attempts = Attempts(plan.settings.max_restarts, _say)
+        config.logs_specs = elastic.logs_specs(args, attempts)
         try:
-            with whole_rank_lines():
+            with whole_rank_lines(), following(attempts):
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
-            _say(failure_summary(failure))
+            others = other_endings(failure, failed.failures, plan.num_processes)
+            _say("; ".join(filter(None, [failure_summary(failure, others), attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
             signals.quiet()
-            _say(stopped_summary(int(stop.sigval)))
+            _say(stopped_summary(int(stop.sigval), killed=signals.watcher.time_up))
             return 128 + int(stop.sigval)
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
                                f"{error_line(error)}") from None
+    if attempts.restarts:
+        _say(f"mpslaunch: every rank finished, after {attempts.counted()}")
     return 0
 
 
@@ -139,7 +158,7 @@ def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> 
     _check_torch_distributed()
     rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
     env = launcher_environment(plan, rendezvous, os.environ)
-    with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(rendezvous) as port, \
+    with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(plan, rendezvous) as (port, _), \
             _LogFolder(plan.log_dir) as logs:
         elastic = _Elastic()
         args_given = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
@@ -155,12 +174,20 @@ class _Elastic:
 
     def __init__(self):
         import torch.distributed.run as run
-        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.api import (DefaultLogsSpecs, SignalException,
+                                                                    Std)
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         self.run, self.launch = run, elastic_launch
         self.ChildFailedError, self.SignalException = ChildFailedError, SignalException
+        self.DefaultLogsSpecs, self.Std = DefaultLogsSpecs, Std
+
+    def logs_specs(self, args, attempts: Attempts):
+        """torch's own log folders (as config_from_args makes them), announcing each restart."""
+        specs = announcing_logs_specs(self.DefaultLogsSpecs, attempts)
+        return specs(log_dir=args.log_dir, redirects=self.Std.from_str(args.redirects),
+                     tee=self.Std.from_str(args.tee))
 
 
 def _check_torch_distributed() -> None:
@@ -174,15 +201,17 @@ def _check_torch_distributed() -> None:
                              "so it cannot run several processes; install an official torch wheel")
 
 
-def _store(rendezvous: Rendezvous):
-    """Where the rendezvous store listens (torchrun_store); None of ours: torch's own."""
-    from mpslaunch.run.torchrun.store import machine0_store, store_on
+def _store(plan: LaunchPlan, rendezvous: Rendezvous):
+    """The rendezvous store this machine serves (torchrun_store): (port, store), or the port and
+    None on machines other than machine 0, which connect to machine 0's."""
+    from mpslaunch.run.torchrun.store import EVERY_INTERFACE, store_on
 
     if rendezvous.local:
         return store_on(rendezvous.address, rendezvous.port)
-    if rendezvous.backend == "static" and rendezvous.node_rank == 0:
-        return machine0_store(rendezvous.address, rendezvous.port)
-    return nullcontext(rendezvous.port)
+    if plan.settings.machine_rank == 0:
+        listen = EVERY_INTERFACE if plan.settings.main_process_ip_via_nat else None
+        return store_on(rendezvous.address, rendezvous.port, listen)
+    return nullcontext((rendezvous.port, None))
 
 
 @contextmanager

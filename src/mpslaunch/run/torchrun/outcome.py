@@ -2,6 +2,7 @@
 
 The exit code is the first failing rank's own (128+N when signal N killed it, or stopped the
 launcher); the summary names the rank, how it ended and where its log is.
+Then how each other rank of this machine ended: also failed, stopped, or exited 0.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from mpslaunch.run.processes import exit_code
 
@@ -28,6 +30,14 @@ def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
     folder = rank_log_folder(log_root, run_id, failure.local_rank)
     return RankFailure(rank, failure.local_rank, failure.pid, failure.exitcode,
                        str(folder) if folder else None)
+
+
+def other_endings(first: RankFailure, failures: Mapping[int, object],
+                  local_ranks: int) -> dict[int, int]:
+    """How this machine's other ranks ended: torch reports the ones that did not exit 0."""
+    start = first.rank - first.local_rank  # this machine's ranks are consecutive
+    return {rank: failures[rank].exitcode if rank in failures else 0
+            for rank in range(start, start + local_ranks) if rank != first.rank}
 
 
 def rank_log_folder(log_root: str, run_id: str, local_rank: int) -> Path | None:
@@ -67,17 +77,68 @@ def how_it_ended(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def failure_summary(failure: RankFailure) -> str:
+# How std::terminate reports a thread ended by the interpreter's shutdown: gloo's worker thread
+# drops the last reference to a tensor while Python finalizes, takes the GIL and is unwound.
+EXIT_ABORT_LINE = "terminate called without an active exception"
+EXIT_ABORT_ISSUE = "https://github.com/pytorch/pytorch/issues/190489"
+
+
+def aborted_at_exit(failure: RankFailure) -> bool:
+    """SIGABRT with std::terminate's line as the last of its stderr: torch's exit, not the script."""
+    if failure.exitcode != -signal.SIGABRT or not failure.log_folder:
+        return False
+    stderr = Path(failure.log_folder) / "stderr.log"
+    try:
+        with stderr.open("rb") as stream:
+            stream.seek(max(0, stderr.stat().st_size - 4096))
+            tail = stream.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return False
+    return bool(tail) and tail[-1].strip() == EXIT_ABORT_LINE
+
+
+def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None) -> str:
+    """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention)."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
-    text = f"mpslaunch: rank {failure.rank} {ended} first: it {how_it_ended(failure.exitcode)}"
+    how = how_it_ended(failure.exitcode)
+    if aborted_at_exit(failure):
+        how = (f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
+               f"{exit_code(failure.exitcode)}, \"{EXIT_ABORT_LINE}\"): a known torch problem "
+               f"with gloo, {EXIT_ABORT_ISSUE}")
+    text = f"mpslaunch: rank {failure.rank} {ended} first: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and (folder / "stderr.log").is_file():
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
     if folder and (folder / "error.json").is_file():  # written by scripts that use torch's @record
         text += f", the error record in {folder / 'error.json'}"
-    return text + "; the other ranks were stopped"
+    return "; ".join([text, *_the_others(others or {})])
 
 
-def stopped_summary(signum: int) -> str:
-    return (f"mpslaunch: stopped by {signal.Signals(signum).name}; every rank was stopped "
-            f"(exit code {128 + signum})")
+# What torch's agent sends the other ranks once one has failed: SIGTERM, then SIGKILL.
+_STOPPED_BY_THE_AGENT = (-signal.SIGTERM, -signal.SIGKILL)
+
+
+def _the_others(others: Mapping[int, int]) -> list[str]:
+    """Which of the other ranks also failed, which were stopped, which had exited 0."""
+    stopped = [rank for rank, code in sorted(others.items())
+               if code in _STOPPED_BY_THE_AGENT or stopped_on_request(code)]
+    exited = [rank for rank, code in sorted(others.items()) if code == 0]
+    parts = [f"rank {rank} also failed: it {how_it_ended(code)}"
+             for rank, code in sorted(others.items()) if rank not in stopped and code != 0]
+    if stopped:
+        parts.append(f"{_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped")
+    if exited:
+        parts.append(f"{_ranks(exited)} exited with code 0")
+    return parts
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def stopped_summary(signum: int, killed: bool = False) -> str:
+    """`killed`: some ranks were still running when the grace period ended (or at a second
+    signal) and were killed; the run was still stopped by `signum`, hence 128+signum."""
+    how = ("some ranks did not stop in time (--grace_period) and were killed" if killed
+           else "every rank was stopped")
+    return f"mpslaunch: stopped by {signal.Signals(signum).name}; {how} (exit code {128 + signum})"

@@ -28,9 +28,10 @@ class Stopped(BaseException):
     (rendezvous) do not swallow it; torch's agent still shuts its ranks down in its `finally`.
     """
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, summary: str = ""):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.summary = summary  # the launcher's last line, when the stop needs its own words
 
 
 class LauncherSignals:
@@ -78,6 +79,9 @@ class _GraceWatcher:
     def __init__(self, grace_seconds: float):
         self.grace_seconds = grace_seconds
         self.stops = 0
+        # The grace period ended (or a second signal came) before torch's agent had stopped the
+        # ranks: whatever was left was killed, by us or by torch's own timeout at the same time.
+        self.time_up = False
         self.timer: threading.Timer | None = None
         self.previous_fd = -1
         self.read_fd = self.write_fd = -1
@@ -103,11 +107,15 @@ class _GraceWatcher:
     def _stopping(self) -> None:
         self.stops += 1
         if self.stops == 1:
-            self.timer = threading.Timer(self.grace_seconds, kill_ranks)
+            self.timer = threading.Timer(self.grace_seconds, self._kill)
             self.timer.daemon = True
             self.timer.start()
         else:
-            kill_ranks()  # a second Ctrl-C means now
+            self._kill()  # a second Ctrl-C means now
+
+    def _kill(self) -> None:
+        self.time_up = True
+        kill_ranks()
 
 
 def kill_ranks() -> list[int]:

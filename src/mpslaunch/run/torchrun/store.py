@@ -1,8 +1,9 @@
 """The rendezvous store listens on the address the run is for, not on every interface.
 
 torch's TCPStore listens on every interface whatever host it is given, so we bind the socket
-ourselves and hand it to the store (master_listen_fd): 127.0.0.1 for one machine, machine 0's
---main_process_ip when that is one of its addresses; otherwise torch's own store is used.
+ourselves and hand it to the store (master_listen_fd): 127.0.0.1 for one machine; machine 0's
+--main_process_ip (checked in plan.py to be one of its addresses), or every interface with
+--main_process_ip_via_nat. The other machines' launchers wait on this store (gate.py).
 """
 
 from __future__ import annotations
@@ -18,63 +19,63 @@ from mpslaunch.errors import MpslaunchError, error_line
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 
 
-class NotThisMachine(Exception):
-    """The address is not one of this machine's: nothing can listen on it here."""
+EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
 
 
 @contextmanager
-def store_on(address: str, port: int) -> Iterator[int]:
-    """Serve the rendezvous store on address:port only (port 0: a free port); yield the port."""
+def store_on(address: str, port: int, listen: str | None = None) -> Iterator[tuple[int, object]]:
+    """Serve the rendezvous store for address:port, listening on `listen` (default: the address
+    itself; port 0: a free port); yield the port and the store."""
     from torch.distributed import TCPStore  # the torchrun path only
 
-    listener = _listen(address, port)
+    listener = _listen(address if listen is None else listen, port)
     chosen = listener.getsockname()[1]
     # The store owns the descriptor from here on and closes it: detach it from Python's socket.
     descriptor = listener.detach()
+    # Its own client connects here: on every interface, through the loopback (a NAT address
+    # may not lead back to this machine from inside).
+    own = address if listen is None else "127.0.0.1"
     try:
-        store = TCPStore(address, chosen, None, True, STORE_TIMEOUT, wait_for_workers=False,
+        store = TCPStore(own, chosen, None, True, STORE_TIMEOUT, wait_for_workers=False,
                          multi_tenant=True, master_listen_fd=descriptor)
     except (RuntimeError, ValueError) as error:
         socket.close(descriptor)
         raise MpslaunchError(f"cannot start the rendezvous store on {address}:{chosen}: "
                              f"{error_line(error)}") from None
     try:
-        yield chosen
+        yield chosen, store
     finally:
         del store
 
 
-@contextmanager
-def machine0_store(address: str, port: int) -> Iterator[int]:
-    """store_on(address, port), or torch's own store when the address is not this machine's."""
-    try:
-        context = store_on(address, port)
-        chosen = context.__enter__()
-    except NotThisMachine:
-        yield port
-        return
-    try:
-        yield chosen
-    finally:
-        context.__exit__(None, None, None)
-
-
 def _listen(address: str, port: int) -> socket.socket:
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as error:
-        raise MpslaunchError(f"cannot resolve {address!r} for the rendezvous: {error.strerror}; "
-                             "check --main_process_ip") from None
-    listener = socket.socket(family, kind, proto)
+    family, where = _bind_target(address, port)
+    listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if address == EVERY_INTERFACE and family == socket.AF_INET6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
     try:
         listener.bind(where)
         listener.listen(socket.SOMAXCONN)
     except OSError as error:
         listener.close()
         if error.errno == errno.EADDRNOTAVAIL:
-            raise NotThisMachine(address) from None
+            raise MpslaunchError(f"cannot listen on {address}: it is not an address of this "
+                                 "machine; give one of its own as --main_process_ip, or add "
+                                 "--main_process_ip_via_nat") from None
         raise MpslaunchError(
             f"cannot listen on {address}:{port} for the rendezvous ({error.strerror}); "
             "use --main_process_port 0 to pick a free port, or another port") from None
     return listener
+
+
+def _bind_target(address: str, port: int) -> tuple[int, tuple]:
+    if address == EVERY_INTERFACE:
+        return (socket.AF_INET6, ("::", port)) if socket.has_dualstack_ipv6() \
+            else (socket.AF_INET, ("0.0.0.0", port))
+    try:
+        family, _, _, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise MpslaunchError(f"cannot resolve {address!r} for the rendezvous: {error.strerror}; "
+                             "check --main_process_ip") from None
+    return family, where

@@ -1,0 +1,135 @@
+"""Several machines, played by launchers on this computer over the loopback: the wait for the
+other machines can be stopped and is bounded, and machine 0 serves only on its own address.
+
+Nothing here sends traffic outside 127.0.0.1: the refused address is never connected to (the
+check lists this machine's interfaces), and every launcher that waits, waits on the loopback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import run_cli, write_script
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+NEVER_RUNS = "open(__file__ + '.ran', 'w')\n"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def machine(rank: int, port: int, script, *extra: str) -> list[str]:
+    return ["launch", "--cpu", "-q", "--num_machines", "2", "--machine_rank", str(rank),
+            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *extra, str(script)]
+
+
+@pytest.fixture
+def start():
+    """Start a launcher; whatever is still running at the end of the test is killed (a launcher
+    that ignores signals must not outlive a failing test)."""
+    launchers = []
+
+    def launch(args: list[str]) -> subprocess.Popen:
+        launchers.append(subprocess.Popen([sys.executable, "-m", "mpslaunch", *args],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        return launchers[-1]
+
+    yield launch
+    for launcher in launchers:
+        launcher.kill()
+        launcher.communicate()
+
+
+def wait_until_machine_0_waits(port: int, launcher: subprocess.Popen) -> None:
+    """Machine 0 has checked in with its own store: it now waits for machine 1."""
+    from torch.distributed import TCPStore
+
+    deadline = time.monotonic() + 90
+    while True:
+        assert time.monotonic() < deadline and launcher.poll() is None, "machine 0 never served"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    store = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=30),
+                     wait_for_workers=False)
+    while not store.check(["mpslaunch/joined/0"]):
+        assert time.monotonic() < deadline and launcher.poll() is None, "machine 0 never waited"
+        time.sleep(0.05)
+
+
+def first_line(stream, seconds: float = 90) -> str:
+    """The first line the launcher writes, read without waiting forever."""
+    lines = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    return lines.get(timeout=seconds)
+
+
+def test_machine_0_waiting_for_machine_1_stops_on_sigterm_and_says_who_is_missing(tmp_path, start):
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    port = free_port()
+    launcher = start(machine(0, port, script))
+    wait_until_machine_0_waits(port, launcher)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=30)  # before: the signal did nothing for 15 minutes
+    assert launcher.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "mpslaunch: stopped by SIGTERM while waiting for the other machines: machine 1 had not "
+        f"joined at 127.0.0.1:{port} (exit code 143)")
+    assert "Traceback" not in stderr
+
+
+def test_machine_1_waiting_for_machine_0_retries_in_one_line_and_stops_on_ctrl_c(tmp_path, start):
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    port = free_port()  # nobody listens there: machine 0 never comes
+    launcher = start(machine(1, port, script))
+    first = first_line(launcher.stderr)
+    assert first.startswith(f"mpslaunch: machine 0 at 127.0.0.1:{port} cannot be reached yet "
+                            "(connection refused); trying again in 1 s"), first
+    launcher.send_signal(signal.SIGINT)
+    _, rest = launcher.communicate(timeout=30)
+    assert launcher.returncode == 130, rest
+    lines = rest.strip().splitlines()
+    assert all(line.startswith("mpslaunch: ") for line in lines), rest  # no C++ stack, no traceback
+    assert lines[-1] == ("mpslaunch: stopped by SIGINT while waiting for the other machines: "
+                         f"machine 0 at 127.0.0.1:{port} could not be reached (exit code 130)")
+
+
+def test_rdzv_timeout_ends_the_wait_with_exit_1_and_says_who_is_missing(tmp_path):
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    port = free_port()
+    result = run_cli(*machine(0, port, script, "--rdzv_timeout", "2"), timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"mpslaunch: error: machine 1 had not joined at 127.0.0.1:{port} after 2 s (--rdzv_timeout)")
+    assert "Traceback" not in result.stderr
+
+
+def test_machine_0_refuses_a_main_address_that_is_not_its_own(tmp_path):
+    """The issue's case: a profile for machine 0 with someone else's address used to retry for
+    15 minutes. 198.51.100.7 (TEST-NET-2) is no interface of this computer."""
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    args = ["launch", "--cpu", "--num_machines", "2", "--machine_rank", "0", "--main_process_ip",
+            "198.51.100.7", str(script)]
+    result = run_cli(*args, timeout=60)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mpslaunch: error: main_process_ip 198.51.100.7 is not an address of "
+                           "this machine") and "--main_process_ip_via_nat" in line
+    assert not (tmp_path / "never.py.ran").exists()
+    # Through NAT the address is not its own, by design: then it is accepted.
+    assert run_cli(*args[:-1], "--main_process_ip_via_nat", "--dry-run", str(script)).returncode == 0
