@@ -23,7 +23,6 @@ import os
 import random
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -110,7 +109,7 @@ def eval_transform(size: int) -> v2.Compose:
     return v2.Compose([v2.Resize(round(size / 0.875), antialias=True), v2.CenterCrop(size)])
 
 
-def make_loader(samples: list, transform, args, device: torch.device, train: bool) -> DataLoader:
+def make_loader(dataset: Dataset, args, device: torch.device, **options) -> DataLoader:
     workers = args.num_workers
     if workers is None and device.type != "cpu":  # the CPU trains on all cores: decode in line
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -118,9 +117,9 @@ def make_loader(samples: list, transform, args, device: torch.device, train: boo
         workers = max(1, (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
     # Persistent workers start once (macOS spawns them: each imports torch again). Pinned
     # memory speeds copies to a CUDA device; MPS has none.
-    return DataLoader(ImageFiles(samples, transform), batch_size=args.batch_size, shuffle=train,
-                      drop_last=train, num_workers=workers or 0, persistent_workers=bool(workers),
-                      pin_memory=device.type == "cuda")
+    return DataLoader(dataset, batch_size=args.batch_size, num_workers=workers or 0,
+                      persistent_workers=bool(workers), pin_memory=device.type == "cuda",
+                      **options)
 
 
 def check_model(name: str, pretrained: bool) -> None:
@@ -190,45 +189,66 @@ def evaluate(accelerator, model, normalize, loader) -> float:
     return int(correct) / total
 
 
-@dataclass
 class Speed:
-    """Images trained by all processes and the seconds it took, eval left out. The first step
-    is start-up (loading kernels, the first batch): it ends at first_step_at and is not counted."""
-    images: int = 0
-    seconds: float = 0.0
-    first_step_at: float | None = None
+    """Training images/s of all processes, eval left out, and the progress bar's figures.
+    The first step is start-up (loading kernels, the first batch): it ends at first_step_at,
+    and the rate counts from there."""
+
+    def __init__(self):
+        self.images, self.seconds, self.first_step_at = 0, 0.0, None
+
+    def start_epoch(self) -> None:
+        self.started, self.epoch_images, self.shown_at = time.perf_counter(), 0, 0.0
+
+    def step(self, images: int, loss: torch.Tensor, bar: tqdm) -> None:
+        self.epoch_images += images
+        if self.first_step_at is None:
+            loss.item()  # waits for the device
+            self.first_step_at = time.time()
+            self.start_epoch()
+        if time.perf_counter() - self.shown_at > 1:  # loss.item() waits: not at every step
+            self.shown_at = time.perf_counter()
+            rate = self.epoch_images / max(self.shown_at - self.started, 1e-9)
+            bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
+
+    def end_epoch(self, loss: torch.Tensor | None) -> None:
+        if loss is not None:
+            loss.item()  # the epoch ends when the device is done
+        self.seconds += time.perf_counter() - self.started
+        self.images += self.epoch_images
+
+    @property
+    def images_per_second(self) -> float | None:
+        return self.images / self.seconds if self.seconds else None
 
 
 def train_epoch(accelerator, model, optimizer, scheduler, normalize, loader, speed: Speed,
                 description: str) -> None:
     bar = tqdm(loader, desc=description, unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
-    started, images, shown_at = time.perf_counter(), 0, 0.0
-    for batch, labels in bar:
-        loss = train_step(accelerator, model, optimizer, scheduler, normalize, batch, labels)
-        images += len(batch) * accelerator.num_processes
-        if speed.first_step_at is None:
-            loss.item()  # waits for the device
-            speed.first_step_at, started, images = time.time(), time.perf_counter(), 0
-        if time.perf_counter() - shown_at > 1:  # loss.item() waits for the device: not often
-            shown_at = time.perf_counter()
-            bar.set_postfix(loss=f"{loss.item():.3f}",
-                            img_s=f"{images / max(shown_at - started, 1e-9):,.0f}")
-    loss.item()
-    speed.seconds += time.perf_counter() - started
-    speed.images += images
+    speed.start_epoch()
+    for images, labels in bar:
+        loss = train_step(accelerator, model, optimizer, scheduler, normalize, images, labels)
+        speed.step(len(images) * accelerator.num_processes, loss, bar)
+    speed.end_epoch(loss)
+
+
+def make_accelerator(args: argparse.Namespace) -> Accelerator:
+    """--cpu and --mixed_precision count only when given: else the launcher's plan decides."""
+    options = {"cpu": True} if args.cpu else {}
+    if args.mixed_precision:
+        options["mixed_precision"] = args.mixed_precision
+    return Accelerator(**options)
 
 
 def train(args: argparse.Namespace, samples: list[tuple[Path, str]]) -> dict:
-    options = {"cpu": True} if args.cpu else {}  # given flags only: else the launcher decides
-    if args.mixed_precision:
-        options["mixed_precision"] = args.mixed_precision
-    accelerator = Accelerator(**options)
+    accelerator = make_accelerator(args)
     device, normalize = accelerator.device, Normalize(accelerator.device)
     classes = sorted({label for _, label in samples})
     train_set, eval_set = split_train_eval([(p, classes.index(c)) for p, c in samples], args.seed)
-    train_loader = make_loader(train_set, train_transform(args.image_size), args, device, True)
-    eval_loader = make_loader(eval_set, eval_transform(args.image_size), args, device, False)
+    train_loader = make_loader(ImageFiles(train_set, train_transform(args.image_size)), args,
+                               device, shuffle=True, drop_last=True)
+    eval_loader = make_loader(ImageFiles(eval_set, eval_transform(args.image_size)), args, device)
     set_seed(args.seed)
     model = build_model(args.model, len(classes), args.pretrained)
     model = model.to(memory_format=normalize.memory_format)
@@ -248,7 +268,7 @@ def train(args: argparse.Namespace, samples: list[tuple[Path, str]]) -> dict:
         accelerator.print(f"{PROG}: epoch {epoch + 1}: eval accuracy {accuracies[-1]:.4f}")
     accelerator.end_training()
     return {"eval_accuracy": accuracies[-1], "eval_accuracy_per_epoch": accuracies,
-            "train_images_per_second": speed.images / speed.seconds if speed.seconds else None,
+            "train_images_per_second": speed.images_per_second,
             "device": device.type, "mixed_precision": accelerator.mixed_precision,
             "num_processes": accelerator.num_processes, "model": args.model,
             "image_size": args.image_size, "batch_size": args.batch_size,
@@ -262,24 +282,33 @@ class OneLineParser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def make_parser(prog: str = PROG, description: str = __doc__) -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description=description.split("\n\n")[0])
     add = parser.add_argument
-    add("--data_dir", type=Path, required=True, help="folder of images (see above)")
-    add("--output_dir", type=Path, default=Path("outputs", PROG), help="for metrics.json")
-    add("--model", default="resnet18", help="torchvision classification model, from scratch")
-    add("--pretrained", action="store_true", help="ImageNet weights from torch's cache")
-    add("--num_epochs", type=int, default=3)
-    add("--batch_size", type=int, default=64, help="per process")
-    add("--image_size", type=int, default=224)
-    add("--lr", type=float, default=3e-3, help="peak learning rate")
-    add("--num_workers", type=int, help="DataLoader workers per process (default: the CPUs / "
-        "local processes - 1; 0 when training on the CPU)")
-    add("--seed", type=int, default=42, help="fixes the split, the weights, the augmentation")
-    add("--cpu", action="store_true", help="Accelerator(cpu=True)")
-    add("--mixed_precision", choices=("no", "fp16", "bf16"), help="default: the launcher's")
-    args = parser.parse_args(argv)
+    add("--data_dir", type=Path, required=True, metavar="DIR",
+        help="Label_Name_123.jpg files or one sub-folder of images per class")
+    add("--output_dir", type=Path, default=Path("outputs", prog), metavar="DIR",
+        help="for the results (default: %(default)s)")
+    add("--model", default="resnet18",
+        help="a torchvision classification model, trained from scratch (default: %(default)s)")
+    add("--pretrained", action="store_true", help="start from ImageNet weights in torch's cache")
+    add("--num_epochs", type=int, default=3, metavar="N", help="(default: %(default)s)")
+    add("--batch_size", type=int, default=64, metavar="N",
+        help="per process (default: %(default)s)")
+    add("--image_size", type=int, default=224, metavar="PX", help="(default: %(default)s)")
+    add("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
+    add("--num_workers", type=int, metavar="N", help="DataLoader workers per process (default: "
+        "the CPUs / local processes - 1; 0 when training on the CPU)")
+    add("--seed", type=int, default=42,
+        help="fixes the split, the weights, the augmentation (default: %(default)s)")
+    add("--cpu", action="store_true", help="Accelerator(cpu=True), else the launcher's choice")
+    add("--mixed_precision", choices=("no", "fp16", "bf16"),
+        help="Accelerator(mixed_precision=...) (default: the launcher's choice)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None):
+    args = (parser or make_parser()).parse_args(argv)
     for name in ("num_epochs", "batch_size", "image_size", "lr"):
         if not getattr(args, name) > 0:
             raise InputError(f"--{name} must be more than 0, got {getattr(args, name)}")
