@@ -26,6 +26,7 @@ MACHINES = {
     "rosetta": Machine("Darwin", "x86_64", (14, 5), rosetta=True, chip="Apple M1", torch_version="2.2.2", cpu_count=8, python="python3"),
     "linux_cpu": Machine("Linux", "x86_64", torch_version="2.14.1", torch_cuda="13.0", cpu_count=2, python="python3"),
     "linux_1gpu": Machine("Linux", "x86_64", torch_version="2.14.1", torch_cuda="13.0", cuda_devices=("NVIDIA H200",), cpu_count=16, python="python3"),
+    "linux_2gpu": Machine("Linux", "x86_64", torch_version="2.14.1", torch_cuda="13.0", cuda_devices=("NVIDIA H200",) * 2, cpu_count=32, python="python3"),
     "linux_8gpu": Machine("Linux", "x86_64", torch_version="2.14.1", torch_cuda="13.0", cuda_devices=("NVIDIA H200",) * 8, cpu_count=128, python="python3"),
     "linux_gpu_cpu_torch": Machine("Linux", "x86_64", torch_version="2.14.1", torch_cuda=None, cuda_devices=("NVIDIA A100",), cpu_count=16, python="python3"),
 }

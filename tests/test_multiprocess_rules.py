@@ -14,7 +14,7 @@ from mpslaunch import cli, machine as machine_probe
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile, save
-from mpslaunch.questionnaire import process_counts, several_machines_possible
+from mpslaunch.commands.questions import process_counts, several_machines_possible
 
 # Apple silicon Macs where this torch's mps works: auto means mps there.
 MPS_MACS = ["m1_macos14", "m2_macos15", "m3_macos15_torch2.5", "m1_macos13_torch2.8",
@@ -116,7 +116,7 @@ def on_a_mac(monkeypatch):
     def must_not_run(*_args, **_kwargs):
         raise AssertionError("the torchrun path started")
 
-    import mpslaunch.torchrun as torchrun
+    import mpslaunch.run.torchrun.elastic as torchrun
     monkeypatch.setattr(torchrun, "run", must_not_run)
     monkeypatch.setattr(torchrun, "describe", must_not_run)
 
@@ -142,3 +142,16 @@ def test_cli_refuses_a_profile_with_several_processes(tmp_path, capsys, on_a_mac
     save(Profile(num_processes=3), tmp_path / "p.yaml")
     assert cli.main(["launch", "--config_file", str(tmp_path / "p.yaml"), str(script)]) == 2
     assert_explains_mps(capsys.readouterr().err.strip())
+
+
+@pytest.mark.parametrize("machine, processes", [("linux_2gpu", 2), ("linux_8gpu", 8), ("linux_1gpu", 1)])
+def test_cli_dry_run_plans_one_process_per_gpu(tmp_path, capsys, monkeypatch, machine, processes):
+    monkeypatch.setattr(machine_probe, "probe", lambda: MACHINES[machine])
+    script = write_script(tmp_path, "train.py", "")
+    assert cli.main(["launch", "--dry-run", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert f"processes:       {processes} per machine" in out
+    if processes > 1:
+        assert "(one per visible GPU)" in out and f"--nproc-per-node {processes}" in out
+    assert cli.main(["launch", "--dry-run", "--num_processes", "1", str(script)]) == 0
+    assert "engine:          single" in capsys.readouterr().out

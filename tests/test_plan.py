@@ -44,7 +44,7 @@ def test_auto_device(machine, device, reason_part):
     plan = plan_for(machine)
     assert plan.device == device
     assert reason_part in plan.reason
-    assert plan.engine == "single"
+    assert plan.engine == ("torchrun" if machine == "linux_8gpu" else "single")  # one per GPU
 
 
 def test_apple_silicon_defaults_to_mps_never_use_cpu():
@@ -241,3 +241,35 @@ def test_summary_and_dry_run_text():
     assert plan.summary() == "mpslaunch: mps: Apple M1, macOS 14.5, torch 2.14.1; precision bf16; 1 process"
     text = plan.describe()
     assert "PYTORCH_ENABLE_MPS_FALLBACK=1" in text and "command:         python3 train.py --lr 0.1" in text
+
+
+# ---------------------------------------------------------------- several GPUs by default
+
+@pytest.mark.parametrize("machine, processes", [("linux_2gpu", 2), ("linux_8gpu", 8)])
+def test_auto_uses_every_visible_gpu(machine, processes):
+    plan = plan_for(machine)
+    assert (plan.device, plan.num_processes, plan.engine) == ("cuda", processes, "torchrun")
+    assert plan.env["MPSLAUNCH_NUM_PROCESSES"] == str(processes)
+    assert "ACCELERATE_TORCH_DEVICE" not in plan.env  # it would put every rank on one GPU
+    assert plan.summary().endswith(f"; {processes} processes, one per GPU (--num_processes 1 for one)")
+    assert f"{processes} per machine, 1 machine(s) (one per visible GPU)" in plan.describe()
+    assert plan_for(machine, Profile(device="cuda")).num_processes == processes
+
+
+@pytest.mark.parametrize("machine", ["linux_2gpu", "linux_8gpu"])
+def test_one_process_on_several_gpus_when_asked(machine):
+    for plan in (plan_for(machine, num_processes=1), plan_for(machine, Profile(num_processes=1))):
+        assert (plan.num_processes, plan.engine) == (1, "single")
+        assert plan.env["ACCELERATE_TORCH_DEVICE"] == "cuda"
+        assert "one per GPU" not in plan.summary()
+    explicit = plan_for(machine, Profile(num_processes=2), num_processes=None)
+    assert explicit.num_processes == 2 and "one per GPU" not in explicit.summary()
+    assert plan_for(machine, cpu=True).num_processes == 1
+
+
+@pytest.mark.parametrize("machine", ["linux_1gpu", "linux_cpu", "m1_macos14", "m2_macos15", "intel_mac",
+                                     "rosetta", "linux_gpu_cpu_torch"])
+def test_one_gpu_macs_and_cpus_keep_one_process(machine):
+    plan = plan_for(machine)
+    assert (plan.num_processes, plan.engine) == (1, "single")
+    assert plan.summary().endswith("; 1 process")

@@ -25,11 +25,11 @@ from mpslaunch.errors import MpslaunchError
 
 # name -> (module, one-line help). Only the chosen command's module is imported.
 COMMANDS = {
-    "config": ("mpslaunch.configure", "write a profile (questionnaire or --default), or show one"),
-    "launch": ("mpslaunch.launch", "run a training script on the device this machine should use"),
-    "env": ("mpslaunch.envreport", "print a block of facts to paste into a bug report"),
-    "bench": ("mpslaunch.bench", "measure whether the accelerator beats the CPU for your sizes"),
-    "test": ("mpslaunch.selftest", "check, through the real launch path, that the plan works here"),
+    "config": ("mpslaunch.commands.config", "write a profile (questionnaire or --default), or show one"),
+    "launch": ("mpslaunch.commands.launch", "run a training script on the device this machine should use"),
+    "env": ("mpslaunch.commands.env", "print a block of facts to paste into a bug report"),
+    "bench": ("mpslaunch.commands.bench", "measure whether the accelerator beats the CPU for your sizes"),
+    "test": ("mpslaunch.commands.test", "check, through the real launch path, that the plan works here"),
 }
 
 

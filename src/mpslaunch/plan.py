@@ -57,17 +57,24 @@ class LaunchPlan:
     settings: Profile  # the profile after the command-line flags were applied
     log_dir: str | None = None
     warnings: tuple[str, ...] = field(default=())
+    one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
 
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_machines
 
+    def processes_text(self) -> str:
+        """'2 processes, one per GPU (--num_processes 1 for one)', '1 process', ..."""
+        text = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
+        if self.num_machines > 1:
+            text += f" on each of {self.num_machines} machines"
+        if self.one_per_gpu and self.num_processes > 1:
+            text += ", one per GPU (--num_processes 1 for one)"
+        return text
+
     def summary(self) -> str:
         """The one line printed before the child starts."""
-        processes = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
-        if self.num_machines > 1:
-            processes += f" on each of {self.num_machines} machines"
-        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {processes}"
+        return f"mpslaunch: {self.reason}; precision {self.mixed_precision}; {self.processes_text()}"
 
     def describe(self) -> str:
         """What --dry-run prints: the plan, the command and the variables it adds."""
@@ -77,7 +84,8 @@ class LaunchPlan:
             f"device:          {self.device}",
             f"reason:          {self.reason}",
             f"mixed precision: {self.mixed_precision}",
-            f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)",
+            f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)"
+            + (" (one per visible GPU)" if self.one_per_gpu and self.num_processes > 1 else ""),
             f"engine:          {self.engine}",
             f"command:         {shlex.join(self.command)}",
             "environment added:",
@@ -91,6 +99,9 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
             environ: Mapping[str, str]) -> LaunchPlan:
     settings = apply_flags(profile, request)
     device, reason = choose_device(settings.device, request, machine)
+    one_per_gpu = settings.num_processes is None
+    if one_per_gpu:
+        settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
     multi = settings.num_processes > 1 or settings.num_machines > 1
@@ -106,6 +117,7 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         settings=settings,
         log_dir=request.log_dir,
         warnings=_warnings(settings, device, machine),
+        one_per_gpu=one_per_gpu and device == "cuda",
     )
 
 
@@ -246,6 +258,12 @@ def precision_problem(precision: str, device: str, machine: Machine) -> str | No
 
 
 # ---------------------------------------------------------------- processes
+
+
+def default_processes(device: str, machine: Machine) -> int:
+    """Processes per machine when neither flag nor profile says: one per visible GPU on cuda
+    (as `accelerate launch` does without a config), one on mps and cpu."""
+    return max(1, len(machine.cuda_devices)) if device == "cuda" else 1
 
 
 def _check_processes(settings: Profile, device: str, machine: Machine) -> None:

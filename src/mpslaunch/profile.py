@@ -38,7 +38,7 @@ class Profile:
     version: int = PROFILE_VERSION
     device: str = "auto"
     mixed_precision: str = "no"
-    num_processes: int = 1
+    num_processes: int | None = None  # None: one per visible GPU on cuda (as Accelerate), else 1
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
@@ -60,7 +60,7 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "version": (int,),
     "device": (str,),
     "mixed_precision": (str,),
-    "num_processes": (int,),
+    "num_processes": (int, type(None)),
     "num_machines": (int,),
     "machine_rank": (int,),
     "main_process_ip": (str, type(None)),
@@ -85,7 +85,7 @@ def check_value(key: str, value: object) -> str | None:
     choices = {"device": DEVICES, "mixed_precision": PRECISIONS, "rdzv_backend": RDZV_BACKENDS}
     if key in choices and value not in choices[key]:
         return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
-    if key in ("num_processes", "num_machines") and value < 1:
+    if key in ("num_processes", "num_machines") and value is not None and value < 1:
         return f"must be 1 or more, not {value}"
     if key in ("machine_rank", "max_restarts") and value < 0:
         return f"must be 0 or more, not {value}"

@@ -104,9 +104,8 @@ def ask_profile(machine: Machine, start: Profile | None = None,
                         default=start.device,
                         labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"})
     used, _ = device_in_use(device, machine)
-    profile = Profile(device=device)
-
     counts = process_counts(used, machine)
+    profile = Profile(device=device, num_processes=counts[0])  # written out, never left to auto
     if len(counts) > 1:
         what = "GPU" if used == "cuda" else "CPU"
         # A new profile uses every GPU (one process each); on cpu one process is the safe start.

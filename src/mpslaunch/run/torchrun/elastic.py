@@ -46,13 +46,13 @@ from typing import Iterator, Mapping
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan
-from mpslaunch.runner import exit_code
-from mpslaunch.torchrun_console import whole_rank_lines
-from mpslaunch.torchrun_args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
+from mpslaunch.run.processes import exit_code
+from mpslaunch.run.torchrun.console import whole_rank_lines
+from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
-from mpslaunch.torchrun_outcome import failure_summary, from_torch, stopped_summary
-from mpslaunch.torchrun_signals import LauncherSignals, Stopped, adopt_orphans, sweep
+from mpslaunch.run.torchrun.outcome import failure_summary, from_torch, stopped_summary
+from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped, adopt_orphans, sweep
 
 
 class LaunchFailed(MpslaunchError):
@@ -183,7 +183,7 @@ def _check_torch_distributed() -> None:
 
 def _store(rendezvous: Rendezvous):
     """Where the rendezvous store listens (torchrun_store); None of ours: torch's own."""
-    from mpslaunch.torchrun_store import machine0_store, store_on
+    from mpslaunch.run.torchrun.store import machine0_store, store_on
 
     if rendezvous.local:
         return store_on(rendezvous.address, rendezvous.port)

@@ -1,7 +1,8 @@
 """Write a profile: the settings `mpslaunch launch` uses when no flag overrides them.
 
   mpslaunch config                    ask a few questions about what applies to this machine
-  mpslaunch config --default          write the default profile, no questions (alias: --yes)
+  mpslaunch config --default          write the default profile, no questions (alias: --yes):
+                                      device auto, one process per NVIDIA GPU (else one)
   mpslaunch config show               print the profile in force, its path, and what it
                                       resolves to on this machine
   --profile NAME / --config_file PATH choose which profile (default: default.yaml in the
@@ -30,8 +31,8 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.options import add_profile_options
-from mpslaunch.plan import LaunchRequest, resolve
+from mpslaunch.commands.options import add_profile_options
+from mpslaunch.plan import LaunchRequest, choose_device, default_processes, resolve
 from mpslaunch.profile import Profile
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -57,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if args.default:
-        return write(Profile(), path, machine_probe.probe())
+        machine = machine_probe.probe()
+        return write(default_profile(machine), path, machine)
     if not sys.stdin.isatty():
         raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
                              "`mpslaunch config --default` to write the default profile, or run "
@@ -67,16 +69,25 @@ def main(args: argparse.Namespace) -> int:
 
 def interactive(path: Path, machine: Machine) -> int:
     """Ask, then write. Reads and draws through the current prompt_toolkit session (tests swap it)."""
-    from mpslaunch import questionnaire
+    from mpslaunch.commands import questions
 
     try:
-        answers = questionnaire.ask_profile(machine, _existing(path))
+        answers = questions.ask_profile(machine, _existing(path))
     except (KeyboardInterrupt, EOFError) as stop:
         kept = f"; {path} is unchanged" if path.exists() else ""
         how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"
         print(f"mpslaunch: config {how}: nothing written{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_END_OF_INPUT
     return write(answers, path, machine)
+
+
+def default_profile(machine: Machine, **choices) -> Profile:
+    """--default: the choices given, with num_processes written as auto means it here."""
+    profile = Profile(**choices)
+    if profile.num_processes is None:
+        device, _ = choose_device(profile.device, LaunchRequest(target="script.py"), machine)
+        profile = profile.replace(num_processes=default_processes(device, machine))
+    return profile
 
 
 def write(profile: Profile, path: Path, machine: Machine) -> int:
@@ -109,11 +120,8 @@ def on_this_machine(profile: Profile, machine: Machine) -> str:
         plan = resolve(profile, LaunchRequest(target="script.py"), machine, os.environ)
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
-    processes = f"{plan.num_processes} process" + ("es" if plan.num_processes > 1 else "")
-    if plan.num_machines > 1:
-        processes += f" on each of {plan.num_machines} machines"
     return (f"on this machine: device {profile.device} -> {plan.reason}; "
-            f"precision {plan.mixed_precision}; {processes}")
+            f"precision {plan.mixed_precision}; {plan.processes_text()}")
 
 
 def _existing(path: Path) -> Profile | None:

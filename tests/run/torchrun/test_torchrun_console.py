@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from mpslaunch.torchrun_console import RankLines
+from mpslaunch.run.torchrun.console import RankLines
 
 
 def feed(*writes: str) -> tuple[str, RankLines]:

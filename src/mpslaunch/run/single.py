@@ -18,16 +18,9 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.processes import kill_group, linux_prctl
+from mpslaunch.run.processes import FORWARDED_SIGNALS, STOPPING_SIGNALS, exit_code, kill_group, linux_prctl
 
-STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE_SECONDS = 30.0
-
-
-def exit_code(returncode: int) -> int:
-    """Popen's -N (killed by signal N) becomes 128+N, as a shell reports it."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],

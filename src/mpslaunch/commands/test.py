@@ -1,7 +1,7 @@
 """`mpslaunch test`: check, through the real launch path, that the plan works on this machine.
 
 Resolves the plan exactly as `mpslaunch launch` does (the profile in force, or --config_file /
---profile, then the flags below), launches the bundled check script checks/selfcheck.py with it
+--profile, then the flags below), launches the bundled check script selfcheck.py with it
 (one process, or torchrun for several), and prints one line per check:
 
   device           the device each process actually got is the planned one
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import add_option, add_profile_options
+from mpslaunch.commands.options import add_option, add_profile_options
 
-CHECK_SCRIPT = Path(__file__).parent / "checks" / "selfcheck.py"
+CHECK_SCRIPT = Path(__file__).with_name("selfcheck.py")
 DEFAULT_TIMEOUT = 300.0
 EXIT_FAILED = 1
 
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from mpslaunch import launch
+    from mpslaunch.commands import launch
 
     if not args.timeout > 0:
         raise MpslaunchError("--timeout must be above 0 seconds.")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mpslaunch import envreport
+from mpslaunch.commands import env as envreport
 from mpslaunch import profile as profiles
 from mpslaunch.machine import Machine, probe
 from mpslaunch.profile import Profile

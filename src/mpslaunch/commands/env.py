@@ -29,7 +29,7 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.options import add_profile_options
+from mpslaunch.commands.options import add_profile_options
 from mpslaunch.plan import LaunchRequest, resolve
 
 CHECK_TIMEOUT_SECONDS = 20.0

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import MACHINES, run_cli
-from mpslaunch import selftest
+from mpslaunch.commands import test as selftest
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.selftest import CHECK_SCRIPT, Outcome, collect, format_outcomes
+from mpslaunch.commands.test import CHECK_SCRIPT, Outcome, collect, format_outcomes
 
 
 def lines_of(done: subprocess.CompletedProcess) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from mpslaunch.bench_timing import Timing
+from mpslaunch.bench.timing import Timing
 
 OK = "ok"
 DOES_NOT_FIT = "does not fit"

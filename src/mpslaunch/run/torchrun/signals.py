@@ -32,8 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from mpslaunch.processes import kill_group, linux_prctl
-from mpslaunch.runner import STOPPING_SIGNALS
+from mpslaunch.run.processes import STOPPING_SIGNALS, kill_group, linux_prctl
 
 FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
 

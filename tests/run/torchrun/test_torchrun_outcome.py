@@ -6,7 +6,7 @@ import os
 import signal
 from types import SimpleNamespace
 
-from mpslaunch.torchrun_outcome import (RankFailure, failure_summary, from_torch, how_it_ended,
+from mpslaunch.run.torchrun.outcome import (RankFailure, failure_summary, from_torch, how_it_ended,
                                         rank_log_folder, stopped_summary)
 
 

@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpslaunch import bench, bench_devices, bench_measure, bench_timing
-from mpslaunch.bench_report import (
+from mpslaunch.commands import bench as bench
+from mpslaunch.bench import devices as bench_devices
+from mpslaunch.bench import measure as bench_measure
+from mpslaunch.bench import timing as bench_timing
+from mpslaunch.bench.report import (
     CSV_COLUMNS, DOES_NOT_FIT, FAILED, OK, Result, crossovers, format_table, speedups,
 )
-from mpslaunch.bench_timing import Timing
+from mpslaunch.bench.timing import Timing
 from mpslaunch.errors import MpslaunchError
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
@@ -128,7 +131,7 @@ def test_out_of_memory_during_the_run_is_does_not_fit(monkeypatch):
     def out_of_memory(*args):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(bench_measure.bench_workloads, "prepare", out_of_memory)
+    monkeypatch.setattr(bench_measure.workloads, "prepare", out_of_memory)
     result = bench_measure.measure("matmul", "float32", 16, "cpu", OPTIONS)
     assert (result.status, result.timing) == (DOES_NOT_FIT, None)
 
@@ -137,7 +140,7 @@ def test_another_runtime_error_is_reported_as_failed(monkeypatch):
     def no_kernel(*args):
         raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'\nmore detail')
 
-    monkeypatch.setattr(bench_measure.bench_workloads, "prepare", no_kernel)
+    monkeypatch.setattr(bench_measure.workloads, "prepare", no_kernel)
     result = bench_measure.measure("matmul", "float32", 16, "cpu", OPTIONS)
     assert result.status == FAILED
     assert result.note == "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
@@ -303,7 +306,7 @@ def test_asking_for_a_missing_accelerator_is_an_error_not_a_fallback():
 def test_cli_module_import_does_not_load_torch_or_config_only_packages():
     # cli.py imports bench to build its parser; the launcher must stay torch-free there, and
     # the GPU machine has no questionary/platformdirs.
-    code = ("import sys, argparse, mpslaunch.bench as b; b.add_arguments(argparse.ArgumentParser());"
+    code = ("import sys, argparse, mpslaunch.commands.bench as b; b.add_arguments(argparse.ArgumentParser());"
             "print(sorted(m for m in ('torch', 'questionary', 'platformdirs') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpslaunch.runner import exit_code
+from mpslaunch.run.processes import exit_code
 
 
 @dataclass(frozen=True)

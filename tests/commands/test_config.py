@@ -20,9 +20,10 @@ from prompt_toolkit.application import create_app_session
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from mpslaunch import configure
+from mpslaunch.commands import config as configure
 from mpslaunch import profile as profiles
-from mpslaunch.machine import Machine
+from conftest import MACHINES
+from mpslaunch.machine import Machine, probe
 from mpslaunch.profile import Profile
 
 M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M2",
@@ -36,6 +37,12 @@ def run_cli(*args: str, config_dir: Path, stdin=subprocess.DEVNULL) -> subproces
     env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(config_dir)}
     return subprocess.run([sys.executable, "-m", "mpslaunch", *args], capture_output=True, text=True,
                           env=env, stdin=stdin, timeout=60)
+
+
+def default_here() -> Profile:
+    """What --default writes on the machine running the tests (the rule itself is tested on
+    described machines below): one process per NVIDIA GPU, else one."""
+    return configure.default_profile(probe())
 
 
 def interactive(path: Path, machine: Machine, keys: str, close: bool = False) -> int:
@@ -72,7 +79,7 @@ def test_interrupted_questions_create_no_file(tmp_path):
 def test_answers_are_written_shown_and_loadable(tmp_path, capsys):
     path = tmp_path / "sub" / "fast.yaml"
     assert interactive(path, M2, "\r" "\x1b[B\r" "\r" "\r") == 0  # auto, fp16, fallback, no cap
-    assert profiles.load(path) == Profile(mixed_precision="fp16")
+    assert profiles.load(path) == Profile(mixed_precision="fp16", num_processes=1)
     out = capsys.readouterr().out
     assert f"Wrote {path}" in out and "mixed_precision: fp16" in out
     assert "device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1" in out
@@ -90,7 +97,7 @@ def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
     path.write_text("devise: mps\n")
     assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0
     assert "cannot be used as a starting point" in capsys.readouterr().out
-    assert profiles.load(path) == Profile()
+    assert profiles.load(path) == Profile(num_processes=1)
 
 
 # ---------------------------------------------------------------- --default and show
@@ -102,8 +109,20 @@ def test_default_on_apple_silicon_means_auto_which_is_mps(tmp_path, capsys, monk
     args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
     assert configure.main(args) == 0
     written = profiles.load(path)
-    assert written == Profile() and written.device == "auto"
+    assert written == Profile(num_processes=1) and written.device == "auto"
     assert "device auto -> mps: Apple M2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("machine, processes", [
+    ("linux_8gpu", 8), ("linux_2gpu", 2), ("linux_1gpu", 1), ("m2_macos15", 1), ("linux_cpu", 1),
+])
+def test_default_writes_what_auto_means_on_the_machine(tmp_path, capsys, monkeypatch, machine, processes):
+    monkeypatch.setattr(configure.machine_probe, "probe", lambda: MACHINES[machine])
+    path = tmp_path / "default.yaml"
+    args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
+    assert configure.main(args) == 0
+    assert profiles.load(path) == Profile(device="auto", num_processes=processes)
+    assert f"precision no; {processes} process" in capsys.readouterr().out
 
 
 def test_show_says_what_auto_becomes_and_what_would_be_refused(tmp_path):
@@ -132,14 +151,14 @@ def test_cli_without_a_terminal_asks_for_default_and_does_not_hang(tmp_path):
 def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
     done = run_cli("config", "--yes", "--profile", "fast", config_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert profiles.load(tmp_path / "fast.yaml") == Profile()
+    assert profiles.load(tmp_path / "fast.yaml") == default_here()
     shown = run_cli("config", "show", "--profile", "fast", config_dir=tmp_path)
     assert shown.returncode == 0 and shown.stdout.startswith(f"# {tmp_path / 'fast.yaml'}")
     assert "on this machine: device auto -> " in shown.stdout
 
     target = tmp_path / "elsewhere" / "mine.yaml"
     assert run_cli("config", "--default", "--config_file", str(target), config_dir=tmp_path).returncode == 0
-    assert profiles.load(target) == Profile()
+    assert profiles.load(target) == default_here()
 
 
 def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
@@ -224,7 +243,7 @@ def test_questions_in_a_real_terminal(terminal, tmp_path):
     screen.keys("Down", "Enter")  # bf16
     text = screen.wait_for("EXIT=")
     assert "EXIT=0" in text and "fp16 not offered" in text
-    assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16")
+    assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16", num_processes=1)
 
 
 def test_ctrl_c_in_a_real_terminal_keeps_the_profile(terminal, tmp_path):

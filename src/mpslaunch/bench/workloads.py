@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mpslaunch.bench_devices import torch_dtype
+from mpslaunch.bench.devices import torch_dtype
 
 WORKLOADS = ("matvec", "matmul", "train")
 DEFAULT_WORKLOADS = ("matvec", "matmul", "train")

@@ -19,7 +19,7 @@ from mpslaunch import profile as profiles
 from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
-from mpslaunch.questionnaire import (ask_profile, device_in_use, device_offer, precision_offer,
+from mpslaunch.commands.questions import (ask_profile, device_in_use, device_offer, precision_offer,
                                      process_counts, several_machines_possible)
 
 ENTER, DOWN, CTRL_C, BACKSPACE = "\r", "\x1b[B", "\x03", "\x7f"
@@ -115,7 +115,8 @@ def test_everything_offered_is_accepted_by_resolve(machine):
 def test_m2_asks_mps_questions_and_never_processes(tmp_path):
     keys = ENTER + DOWN + DOWN + ENTER + "n" + "1.5" + ENTER  # auto, bf16, no fallback, cap 1.5
     profile, notes = answer(M2_SONOMA, keys)
-    assert profile == Profile(device="auto", mixed_precision="bf16", mps_fallback=False, mps_memory_cap=1.5)
+    assert profile == Profile(device="auto", mixed_precision="bf16", num_processes=1, mps_fallback=False,
+                           mps_memory_cap=1.5)
     assert "one process" in notes and "cuda not offered" in notes
     plan = loads_and_resolves(profile, M2_SONOMA, tmp_path)
     assert plan.device == "mps" and plan.num_processes == 1
@@ -157,7 +158,8 @@ def test_linux_cpu_asks_for_cpu_processes(tmp_path):
 
 
 def test_existing_answers_are_the_defaults():
-    start = Profile(device="mps", mixed_precision="bf16", mps_fallback=False, mps_memory_cap=1.2)
+    start = Profile(device="mps", mixed_precision="bf16", num_processes=1, mps_fallback=False,
+                    mps_memory_cap=1.2)
     profile, _ = answer(M2_SONOMA, ENTER * 4, start=start)
     assert profile == start
 
@@ -175,7 +177,7 @@ def test_ctrl_c_and_end_of_input_stop_the_questions():
 
 
 def test_importing_the_module_does_not_import_questionary():
-    code = ("import sys, mpslaunch.questionnaire, mpslaunch.configure; "
+    code = ("import sys, mpslaunch.commands.questions, mpslaunch.commands.config; "
             "print(sorted(m for m in ('questionary', 'prompt_toolkit', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -97,7 +97,7 @@ class BenchOptions:
 
 
 def main(args: argparse.Namespace) -> int:
-    from mpslaunch import bench_report
+    from mpslaunch.bench import report as bench_report
 
     options = parse_options(args)
     results, interrupted = run_all(options)
@@ -123,7 +123,7 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         raise MpslaunchError(
             "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds."
         )
-    from mpslaunch import bench_devices  # imports torch: only once the cheap checks passed
+    from mpslaunch.bench import devices as bench_devices  # imports torch: only once the cheap checks passed
 
     dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
     if not dtypes:
@@ -186,7 +186,7 @@ def run_all(options: BenchOptions):
     """Measure every planned point; Ctrl-C stops and returns what was measured so far."""
     from tqdm import tqdm
 
-    from mpslaunch.bench_measure import measure
+    from mpslaunch.bench.measure import measure
 
     plan = measurement_plan(options)
     results = []
@@ -206,7 +206,7 @@ def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
 
     import torch
 
-    from mpslaunch import bench_devices
+    from mpslaunch.bench import devices as bench_devices
 
     return {
         "torch": torch.__version__,
@@ -219,7 +219,7 @@ def describe_environment(devices: tuple[str, ...]) -> dict[str, object]:
 
 
 def write_files(results, environment, out: Path, report_to) -> None:
-    from mpslaunch import bench_report
+    from mpslaunch.bench import report as bench_report
 
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import pytest
 from conftest import MACHINES
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
-from mpslaunch.torchrun_args import (DEFAULT_PORT, FREE_PORT, SHARED_RUN_ID, arguments,
+from mpslaunch.run.torchrun.args import (DEFAULT_PORT, FREE_PORT, SHARED_RUN_ID, arguments,
                                      launcher_environment, rank_environments, rendezvous_for,
                                      target_arguments)
 

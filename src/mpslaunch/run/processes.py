@@ -1,10 +1,19 @@
-"""Process-group and prctl helpers shared by the single-process runner and the torchrun path."""
+"""What both run paths share about child processes: the signals that stop a run, exit codes,
+killing a process group, and prctl."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's -N (killed by signal N) becomes 128+N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def kill_group(pgid: int) -> None:

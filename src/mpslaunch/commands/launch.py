@@ -18,9 +18,9 @@ from pathlib import Path
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import add_option, add_profile_options
+from mpslaunch.commands.options import add_option, add_profile_options
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
-from mpslaunch.runner import DEFAULT_GRACE_SECONDS, run_child
+from mpslaunch.run.single import DEFAULT_GRACE_SECONDS, run_child
 
 
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     option("--cpu", action="store_true", help="run on the CPU whatever the machine has")
     plan.add_argument("--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
     option("--mixed_precision", choices=profiles.PRECISIONS, help="no, fp16 or bf16")
-    option("--num_processes", type=int, metavar="N", help="processes on this machine (cpu or cuda)")
+    option("--num_processes", type=int, metavar="N", help="processes on this machine (default: one per NVIDIA GPU, else 1)")
     multi = parser.add_argument_group("several machines (through torch.distributed.run)")
     for name, kind, text in (
         ("--num_machines", int, "how many machines take part"),
@@ -96,7 +96,7 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
 def describe(plan: LaunchPlan) -> str:
     if plan.engine == "single":
         return plan.describe()
-    from mpslaunch import torchrun  # imports torch: only on the several-process path
+    from mpslaunch.run.torchrun import elastic as torchrun  # imports torch: only on the several-process path
 
     return torchrun.describe(plan)
 
@@ -104,7 +104,7 @@ def describe(plan: LaunchPlan) -> str:
 def execute(plan: LaunchPlan, grace_seconds: float) -> int:
     if plan.engine == "single":
         return run_child(plan.command, plan.env, grace_seconds)
-    from mpslaunch import torchrun
+    from mpslaunch.run.torchrun import elastic as torchrun
 
     return torchrun.run(plan, grace_seconds)
 

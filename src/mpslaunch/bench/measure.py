@@ -9,9 +9,9 @@ as "failed" with its first line. Device memory is freed after every point.
 
 from __future__ import annotations
 
-from mpslaunch import bench_devices, bench_workloads
-from mpslaunch.bench_report import DOES_NOT_FIT, FAILED, OK, Result
-from mpslaunch.bench_timing import time_op
+from mpslaunch.bench import devices, workloads
+from mpslaunch.bench.report import DOES_NOT_FIT, FAILED, OK, Result
+from mpslaunch.bench.timing import time_op
 
 # Leave headroom: the allocator, the framework and the rest of the system need some too.
 USABLE_FRACTION = 0.9
@@ -23,31 +23,31 @@ def measure(workload: str, dtype: str, size: int, device: str, options) -> Resul
         return _measure(workload, dtype, size, device, options)
     finally:
         # Runs after the exception (and the frames holding the tensors) is gone.
-        bench_devices.free_memory(device)
+        devices.free_memory(device)
 
 
 def _measure(workload: str, dtype: str, size: int, device: str, options) -> Result:
     point = dict(workload=workload, dtype=dtype, device=device, size=size,
-                 flops=bench_workloads.flops(workload, size))
+                 flops=workloads.flops(workload, size))
     too_big = _does_not_fit_reason(workload, dtype, size, device)
     if too_big:
         return Result(status=DOES_NOT_FIT, note=too_big, **point)
     try:
-        prepared = bench_workloads.prepare(workload, device, dtype, size)
+        prepared = workloads.prepare(workload, device, dtype, size)
         timing = time_op(
-            prepared.op, lambda: bench_devices.synchronize(device),
+            prepared.op, lambda: devices.synchronize(device),
             repeats=options.repeats, warmup=options.warmup, budget_seconds=options.budget,
         )
     except (RuntimeError, TypeError, NotImplementedError, MemoryError) as error:
-        if bench_devices.is_out_of_memory(error):
+        if devices.is_out_of_memory(error):
             return Result(status=DOES_NOT_FIT, note="out of memory", **point)
         return Result(status=FAILED, note=_first_line(error), **point)
     return Result(status=OK, timing=timing, **point)
 
 
 def _does_not_fit_reason(workload: str, dtype: str, size: int, device: str) -> str:
-    needed = bench_workloads.bytes_needed(workload, dtype, size)
-    available = bench_devices.free_bytes(device)
+    needed = workloads.bytes_needed(workload, dtype, size)
+    available = devices.free_bytes(device)
     if needed is None or available is None or needed <= available * USABLE_FRACTION:
         return ""
     return f"needs {needed / GIB:.1f} GiB, {available / GIB:.1f} GiB free"

@@ -1,0 +1,1 @@
+"""Measurement behind `mpslaunch bench`: devices, workloads, timing, and the report."""

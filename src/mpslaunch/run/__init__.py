@@ -1,0 +1,1 @@
+"""Running a plan: one process (single), or several through torch.distributed.run (torchrun)."""

@@ -1,0 +1,1 @@
+"""Several processes through torch.distributed.run, run inside the launcher process."""
