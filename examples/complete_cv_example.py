@@ -95,7 +95,8 @@ class EpochShuffle(Sampler):
 
 
 def ignore_stop_signals(_worker_id: int) -> None:
-    """DataLoader workers leave Ctrl-C and SIGTERM to the training process, which saves."""
+    """DataLoader workers leave Ctrl-C and SIGTERM to the training process, which saves. (So
+    they cannot be terminated at exit either: nothing global may keep a loader alive.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -149,11 +150,15 @@ class StopRequest:
     """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits."""
 
     def __init__(self, accelerator: Accelerator):
-        self.signal_number = None
-        self.group = None  # the processes agree over a CPU (gloo) group: no wait for the device
-        if accelerator.num_processes > 1 and torch.distributed.get_backend() != "gloo":
-            self.group = torch.distributed.new_group(backend="gloo")
-        self.processes = accelerator.num_processes
+        self.processes, self.signal_number = accelerator.num_processes, None
+        # Processes on one machine agree over a CPU (gloo) group: no wait for the device at
+        # each step. Across machines, where gloo may not reach, over Accelerate's trigger.
+        one_machine = accelerator.num_processes == int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.cpu_group = None
+        if accelerator.num_processes > 1 and one_machine:
+            self.cpu_group = torch.distributed.group.WORLD \
+                if torch.distributed.get_backend() == "gloo" \
+                else torch.distributed.new_group(backend="gloo")
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, self.handle)
 
@@ -162,12 +167,17 @@ class StopRequest:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal_number = number
 
-    def agreed(self) -> bool:
+    def agreed(self, accelerator: Accelerator) -> bool:
         """Whether to stop now: all processes stop at the same step if any was signalled."""
+        signalled = self.signal_number is not None
         if self.processes == 1:
-            return self.signal_number is not None
-        flag = torch.tensor([int(self.signal_number is not None)])
-        torch.distributed.all_reduce(flag, group=self.group)
+            return signalled
+        if self.cpu_group is None:
+            if signalled:
+                accelerator.set_trigger()
+            return accelerator.check_trigger()
+        flag = torch.tensor([int(signalled)])
+        torch.distributed.all_reduce(flag, group=self.cpu_group)
         return bool(flag.item())
 
 
@@ -241,7 +251,7 @@ class Training:
             self.evaluate()
             if self.args.checkpointing_steps == "epoch":
                 self.save_checkpoint()
-            if self.stop.agreed():
+            if self.stop.agreed(self.accelerator):
                 return self.save_and_stop()
         self.finish()
         return 0
@@ -277,7 +287,7 @@ class Training:
         every = self.args.checkpointing_steps
         if isinstance(every, int) and self.position.global_step % every == 0:
             self.save_checkpoint()
-        return self.stop.agreed()
+        return self.stop.agreed(self.accelerator)
 
     @torch.no_grad()
     def evaluate(self) -> None:

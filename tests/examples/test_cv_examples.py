@@ -209,10 +209,10 @@ def test_sigterm_to_one_of_two_processes_stops_both_then_they_resume(tmp_path):
     """Only rank 1 gets the signal: rank 0 stops at the same step only if they agree on it
     (without agreeing, rank 0 trains on and the two wait for each other for ever)."""
     images = tmp_path / "images"
-    paths = demo.write_demo_images(images, count=120, size=24, classes=4)
+    paths = demo.write_demo_images(images, count=80, size=24, classes=4)
     paths[0].write_bytes(paths[0].read_bytes()[:200])  # truncated
     paths[1].write_text("not an image at all")
-    common = ["--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 3,
+    common = ["--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 2,
               "--num_workers", 1, "--resume_from_checkpoint", "latest", *TINY]
     two_processes = ["--cpu", "--num_processes", "2"]
     process = start("complete_cv_example", *common, "--checkpointing_steps", 3,
@@ -232,8 +232,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_then_they_resume(tmp_path):
     resumed = run("complete_cv_example", *common, launcher=two_processes)
     assert_ran(resumed)
     metrics = read_metrics(tmp_path / "out")
-    assert_trained(metrics, epochs=3, images=120, processes=2)
-    assert metrics["global_step"] == 3 * (96 // 4 // 2)
+    assert_trained(metrics, epochs=2, images=80, processes=2)
+    assert metrics["global_step"] == 2 * (64 // 4 // 2)
     assert metrics["skipped_images"] == 2
     for path in paths[:2]:
         assert path.name in resumed.stderr  # named in the warning
