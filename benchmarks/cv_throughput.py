@@ -23,7 +23,7 @@ Scenarios (the images are made here; nothing is downloaded):
 
 This CPU machine, from the repo root:
 
-    .venv/bin/python benchmarks/cv_throughput.py --scenario demo
+    .venv/bin/python benchmarks/cv_throughput.py --scenario demo --repeats 4 --wait_idle 600
 
 A CUDA machine (torch, torchvision and accelerate installed; mpslaunch from src/):
 
@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None,
                         help="end-to-end and pure-step runs in turn, the best kept (default 1 "
                              "on a GPU, 2 on the CPU: other work on a shared machine only slows)")
+    parser.add_argument("--wait_idle", type=float, default=0, metavar="SECONDS",
+                        help="on a shared machine: start each run once the CPUs were 90%% idle "
+                             "for 3 s, waiting at most this long (default 0: at once)")
     parser.add_argument("--data_root", type=Path,
                         default=Path(tempfile.gettempdir()) / "cv_throughput_data",
                         help="where the generated images are kept between runs")
@@ -258,16 +261,26 @@ def end_to_end(args, example: str, data_dir: Path, image_size: int, epochs: int)
     return metrics
 
 
+def wait_for_idle_cpus(limit_s: float) -> None:
+    import psutil  # an Accelerate dependency
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and psutil.cpu_percent(interval=3) > 10:
+        pass
+
+
 def measure(args, example: str, data_dir: Path, image_size: int, num_classes: int,
             epochs: int) -> dict:
     runs, pures = [], []
     for repeat in range(args.repeats):
         print(f"[{example}] end to end {repeat + 1}/{args.repeats}: {epochs} epochs of "
               f"{data_dir} at {image_size} px ...", flush=True)
+        wait_for_idle_cpus(args.wait_idle)
         runs.append(end_to_end(args, example, data_dir, image_size, epochs))
         print(f"[{example}] pure step {repeat + 1}/{args.repeats} ...", flush=True)
+        wait_for_idle_cpus(args.wait_idle)
         pures.append(pure_step_rate(args, example, image_size, num_classes))
     print(f"[{example}] data pipeline alone ...", flush=True)
+    wait_for_idle_cpus(args.wait_idle)
     data = data_rate(args, example, data_dir, image_size)
     e2e = max(runs, key=lambda run: run["train_images_per_second"])
     pure = max(pures, key=lambda run: run["pure_images_per_second"])
