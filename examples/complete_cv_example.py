@@ -1,0 +1,415 @@
+"""examples/cv_example.py plus what a long run needs: checkpoints, resuming, a clean stop.
+
+    python examples/make_demo_images.py images
+    mpslaunch launch examples/complete_cv_example.py --data_dir images --image_size 64 \\
+        --checkpointing_steps epoch
+    mpslaunch launch examples/complete_cv_example.py --data_dir images --image_size 64 \\
+        --resume_from_checkpoint latest          # after a stop: continue where it was
+
+The data, the model and the step come from cv_example.py, beside this file (read it first).
+This script adds:
+  * `--checkpointing_steps epoch|N`: Accelerate's save_state (model, optimizer, schedule, random
+    states, the position in training) to `--output_dir`/checkpoints/step_<global step>;
+  * `--resume_from_checkpoint PATH|latest` continues at that step, mid-epoch too, and ends with
+    the very weights of an uninterrupted run: the shuffle and every image's augmentation depend
+    only on (seed, epoch, image), never on which worker or process loads it;
+  * SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits with 128 + the signal
+    number (143, 130); a second Ctrl-C stops at once. Several processes stop at the same step;
+  * an image that does not decode is skipped, counted and named, never a crash;
+  * the trained weights go to `--output_dir`/model.safetensors, the results to metrics.json.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED_AT = time.time()  # metrics.json reports how long the imports and the first step took
+
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import Sampler
+from tqdm.auto import tqdm
+
+import cv_example  # beside this file: Python puts a script's folder on sys.path
+from cv_example import (ImageFiles, InputError, Normalize, Speed, UnreadableImage, build_model,
+                        check_batch_size, check_model, eval_transform, find_images,
+                        make_accelerator, make_loader, make_optimizer, split_train_eval,
+                        train_transform)
+
+IMPORTS_DONE_AT = time.time()
+PROG = "complete_cv_example"
+UNREADABLE = -100  # the label of an image that did not decode: cross_entropy's ignore_index
+
+
+# ---------------------------------------------------------------- data and step
+
+
+class SeededImageFiles(ImageFiles):
+    """cv_example's ImageFiles, items (image, label, index). A training item is (index, seed):
+    the seed alone draws the image's augmentation. An image that does not decode comes back
+    blank, labelled UNREADABLE."""
+
+    def __init__(self, samples: list[tuple[Path, int]], transform, image_size: int):
+        super().__init__(samples, transform)
+        self.blank = torch.zeros(3, image_size, image_size, dtype=torch.uint8)
+
+    def __getitem__(self, item):
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        # The CPU generator only (all of them would start CUDA or MPS in each worker), and
+        # restored after: in the training process it also drives dropout.
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.random.default_generator.manual_seed(seed)
+            try:
+                image, label = super().__getitem__(index)
+            except UnreadableImage:
+                return self.blank, UNREADABLE, index
+        return image, label, index
+
+
+class EpochShuffle(Sampler):
+    """(index, augmentation seed) pairs in an order drawn from (seed, epoch) alone."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        return iter(zip(order, torch.randint(2**62, (self.size,), generator=generator).tolist()))
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader workers leave Ctrl-C and SIGTERM to the training process, which saves. (So
+    they cannot be terminated at exit either: nothing global may keep a loader alive.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
+    """cv_example's step, on the readable images only; the loss stays on the device."""
+    loss = F.cross_entropy(model(normalize(images)), labels, ignore_index=UNREADABLE,
+                           reduction="sum") / (labels != UNREADABLE).sum().clamp_min(1)
+    accelerator.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+# ---------------------------------------------------------------- checkpoints and stopping
+
+
+@dataclass
+class Position:
+    """Where training is; saved in every checkpoint (register_for_checkpointing)."""
+    epoch: int = 0  # epochs done
+    step_in_epoch: int = 0
+    global_step: int = 0
+    eval_accuracies: list[float] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    steps = sorted((output_dir / "checkpoints").glob("step_*[0-9]"))
+    return steps[-1] if steps else None  # zero-padded names sort by step
+
+
+def checkpoint_to_resume(args) -> Path | None:
+    if args.resume_from_checkpoint is None:
+        return None
+    if args.resume_from_checkpoint == "latest":
+        return latest_checkpoint(args.output_dir)
+    if not Path(args.resume_from_checkpoint).is_dir():
+        raise InputError(f"--resume_from_checkpoint {args.resume_from_checkpoint}: "
+                         "no such checkpoint folder")
+    return Path(args.resume_from_checkpoint)
+
+
+class StopRequest:
+    """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits."""
+
+    def __init__(self, accelerator: Accelerator):
+        self.processes, self.signal_number = accelerator.num_processes, None
+        # Processes on one machine agree over a CPU (gloo) group: no wait for the device at
+        # each step. Across machines, where gloo may not reach, over Accelerate's trigger.
+        one_machine = accelerator.num_processes == int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.cpu_group = None
+        if accelerator.num_processes > 1 and one_machine:
+            self.cpu_group = torch.distributed.group.WORLD \
+                if torch.distributed.get_backend() == "gloo" \
+                else torch.distributed.new_group(backend="gloo")
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, self.handle)
+
+    def handle(self, number, _frame) -> None:
+        if number == signal.SIGINT == self.signal_number:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal_number = number
+
+    def agreed(self, accelerator: Accelerator) -> bool:
+        """Whether to stop now: all processes stop at the same step if any was signalled."""
+        signalled = self.signal_number is not None
+        if self.processes == 1:
+            return signalled
+        if self.cpu_group is None:
+            if signalled:
+                accelerator.set_trigger()
+            return accelerator.check_trigger()
+        flag = torch.tensor([int(signalled)])
+        torch.distributed.all_reduce(flag, group=self.cpu_group)
+        return bool(flag.item())
+
+
+# ---------------------------------------------------------------- training
+
+
+class Training:
+    """The run: set up once, then epochs of steps, evaluations and checkpoints."""
+
+    def __init__(self, args, samples: list[tuple[Path, str]]):
+        self.args = args
+        self.accelerator = accelerator = make_accelerator(args)
+        self.normalize = Normalize(accelerator.device)
+        classes = sorted({label for _, label in samples})
+        train_set, eval_set = split_train_eval([(p, classes.index(c)) for p, c in samples],
+                                               args.seed)
+        self.train_set = SeededImageFiles(train_set, train_transform(args.image_size),
+                                          args.image_size)
+        self.eval_set = SeededImageFiles(eval_set, eval_transform(args.image_size),
+                                         args.image_size)
+        self.sampler = EpochShuffle(len(self.train_set), args.seed)
+        # The loaders' own generators: starting an epoch must not draw from the training's
+        # random state, or a resumed run would drift from an uninterrupted one.
+        loader_options = dict(worker_init_fn=ignore_stop_signals, generator=torch.Generator())
+        train_loader = make_loader(self.train_set, args, accelerator.device, sampler=self.sampler,
+                                   drop_last=True, **loader_options)
+        eval_loader = make_loader(self.eval_set, args, accelerator.device, **loader_options)
+        set_seed(args.seed)
+        model = build_model(args.model, len(classes), args.pretrained)
+        model = model.to(memory_format=self.normalize.memory_format)
+        # Steps counted before prepare() shares the batches out among the processes: the
+        # prepared schedule steps once per process at each step.
+        optimizer, scheduler = make_optimizer(model, args.lr, args.num_epochs * len(train_loader))
+        (self.model, self.optimizer, self.scheduler, self.train_loader,
+         self.eval_loader) = accelerator.prepare(model, optimizer, scheduler, train_loader,
+                                                 eval_loader)
+        self.position, self.speed = Position(), Speed()
+        accelerator.register_for_checkpointing(self.position)
+        self.unreadable = {name: torch.zeros(len(dataset), dtype=torch.bool,
+                                             device=accelerator.device)
+                           for name, dataset in (("train", self.train_set),
+                                                 ("eval", self.eval_set))}
+        self.stop = StopRequest(accelerator)
+        accelerator.print(f"{PROG}: {len(train_set)} train / {len(eval_set)} eval images, "
+                          f"{len(classes)} classes; {args.model} on {accelerator.device.type}, "
+                          f"mixed precision {accelerator.mixed_precision}, "
+                          f"{accelerator.num_processes} process(es)")
+
+    def resume(self) -> None:
+        checkpoint = checkpoint_to_resume(self.args)
+        if checkpoint is None:
+            if self.args.resume_from_checkpoint == "latest":
+                self.warn(f"no checkpoint in {self.args.output_dir / 'checkpoints'} yet; "
+                          "starting from the beginning")
+            return
+        try:
+            self.accelerator.load_state(str(checkpoint))
+        except (RuntimeError, ValueError, KeyError, FileNotFoundError) as error:
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise InputError(f"cannot resume from {checkpoint}: it does not match this run "
+                             f"(model, classes or options): {first_line}") from None
+        self.accelerator.print(f"{PROG}: resumed from {checkpoint} at epoch "
+                               f"{self.position.epoch + 1}, step {self.position.global_step}")
+
+    def run(self) -> int:
+        """All epochs; returns the exit code: 0, or 128 + N after signal N."""
+        for epoch in range(self.position.epoch, self.args.num_epochs):
+            if not self.train_epoch(epoch):
+                return self.save_and_stop()
+            self.position.epoch, self.position.step_in_epoch = epoch + 1, 0
+            self.evaluate()
+            if self.args.checkpointing_steps == "epoch":
+                self.save_checkpoint()
+            if self.stop.agreed(self.accelerator):
+                return self.save_and_stop()
+        self.finish()
+        return 0
+
+    def train_epoch(self, epoch: int) -> bool:
+        """One pass over the training set from the current position; False if stopped."""
+        a, position = self.accelerator, self.position
+        self.sampler.set_epoch(epoch)
+        self.train_loader.set_epoch(epoch)
+        loader = a.skip_first_batches(self.train_loader, position.step_in_epoch) \
+            if position.step_in_epoch else self.train_loader
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{self.args.num_epochs}", unit="step",
+                   total=len(self.train_loader), initial=position.step_in_epoch,
+                   dynamic_ncols=True, disable=not a.is_local_main_process)
+        self.speed.start_epoch()
+        loss, stopped = None, False
+        for images, labels, indices in bar:
+            loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
+                              images, labels)
+            self.unreadable["train"][indices] = labels == UNREADABLE  # no wait for the device
+            position.step_in_epoch += 1
+            position.global_step += 1
+            self.speed.step(len(images) * a.num_processes, loss, bar)
+            stopped = self.checkpoint_or_stop()
+            if stopped:
+                break
+        self.speed.end_epoch(loss)
+        bar.close()
+        return not stopped
+
+    def checkpoint_or_stop(self) -> bool:
+        """After a step: a checkpoint when one is due; True when the processes agree to stop."""
+        every = self.args.checkpointing_steps
+        if isinstance(every, int) and self.position.global_step % every == 0:
+            self.save_checkpoint()
+        return self.stop.agreed(self.accelerator)
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        a, model = self.accelerator, self.model
+        model.eval()
+        correct = total = 0
+        for images, labels, indices in self.eval_loader:
+            predictions = model(self.normalize(images)).argmax(dim=1)
+            # All processes' predictions, less the samples repeated to even out the last batch.
+            predictions, labels, indices = a.gather_for_metrics((predictions, labels, indices))
+            self.unreadable["eval"][indices] = labels == UNREADABLE
+            correct += ((predictions == labels) & (labels != UNREADABLE)).sum()
+            total += (labels != UNREADABLE).sum()
+        model.train()
+        self.position.eval_accuracies.append(int(correct) / max(1, int(total)))
+        a.print(f"{PROG}: epoch {self.position.epoch}: eval accuracy "
+                f"{self.position.eval_accuracies[-1]:.4f}")
+        skipped = self.skipped_images()
+        if skipped:
+            names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more"
+                                              if len(skipped) > 3 else "")
+            self.warn(f"skipped {len(skipped)} image(s) that could not be decoded: {names}")
+
+    def skipped_images(self) -> list[str]:
+        """The files found unreadable so far, by any process."""
+        found = []
+        for name, dataset in (("train", self.train_set), ("eval", self.eval_set)):
+            marked = self.accelerator.reduce(self.unreadable[name].int(), reduction="sum")
+            found += [str(dataset.samples[i][0]) for i in marked.nonzero().flatten().tolist()]
+        return found
+
+    def save_checkpoint(self) -> Path:
+        """save_state into step_N.partial, then a rename: a killed save never looks complete."""
+        a = self.accelerator
+        final = self.args.output_dir / "checkpoints" / f"step_{self.position.global_step:08d}"
+        if not final.exists():  # already saved at this step (then a signal came)
+            partial = final.with_name(final.name + ".partial")
+            a.save_state(str(partial))
+            a.wait_for_everyone()
+            if a.is_main_process:
+                partial.rename(final)
+            a.wait_for_everyone()
+        return final
+
+    def save_and_stop(self) -> int:
+        checkpoint = self.save_checkpoint()
+        self.accelerator.print(f"{PROG}: stopped at step {self.position.global_step} by a "
+                               f"signal; checkpoint saved to {checkpoint}; continue with "
+                               "--resume_from_checkpoint latest")
+        self.accelerator.end_training()
+        return 128 + (self.stop.signal_number or signal.SIGTERM)  # SIGTERM: another's
+
+    def finish(self) -> None:
+        a, args = self.accelerator, self.args
+        a.wait_for_everyone()
+        a.save_model(self.model, args.output_dir)  # model.safetensors
+        metrics = self.metrics()
+        if a.is_main_process:
+            (args.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}, "
+                    f"{metrics['train_images_per_second']:,.0f} training images/s; "
+                    f"wrote {args.output_dir / 'metrics.json'} and model.safetensors")
+        a.end_training()
+
+    def metrics(self) -> dict:
+        a, args, position, speed = self.accelerator, self.args, self.position, self.speed
+        return {"eval_accuracy": position.eval_accuracies[-1],
+                "eval_accuracy_per_epoch": position.eval_accuracies,
+                # of this run only, when resumed
+                "train_images_per_second": speed.images_per_second,
+                "device": a.device.type, "mixed_precision": a.mixed_precision,
+                "num_processes": a.num_processes, "model": args.model,
+                "image_size": args.image_size, "batch_size": args.batch_size,
+                "train_images": len(self.train_set), "eval_images": len(self.eval_set),
+                "epochs": position.epoch, "global_step": position.global_step,
+                "skipped_images": len(self.skipped_images()), "started_at": STARTED_AT,
+                "imports_s": IMPORTS_DONE_AT - STARTED_AT,
+                "first_step_s": speed.first_step_at - STARTED_AT if speed.first_step_at else None}
+
+    def warn(self, message: str) -> None:
+        if self.accelerator.is_main_process:
+            tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def checkpointing_steps(text: str) -> str | int:
+    if text == "epoch" or (text.isdigit() and int(text) > 0):
+        return text if text == "epoch" else int(text)
+    raise ValueError(text)  # argparse: "invalid checkpointing_steps value: ..."
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = cv_example.make_parser(PROG, __doc__)
+    parser.add_argument("--checkpointing_steps", type=checkpointing_steps, metavar="epoch|N",
+                        help="save a checkpoint after every epoch or every N steps")
+    parser.add_argument("--resume_from_checkpoint", metavar="PATH|latest",
+                        help="a checkpoint folder, or the latest in --output_dir/checkpoints")
+    return cv_example.parse_args(argv, parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's: one process reports bad input
+    try:
+        args = parse_args(argv)
+        samples = find_images(args.data_dir)  # cheap checks before any device is touched
+        check_model(args.model, args.pretrained)
+        check_batch_size(args.batch_size, samples, args.seed)
+        checkpoint_to_resume(args)
+        training = Training(args, samples)
+        training.resume()
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        return training.run()
+    except InputError as error:
+        if main_rank:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C
+        print(f"{PROG}: stopped without a checkpoint", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

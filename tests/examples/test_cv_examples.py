@@ -1,0 +1,310 @@
+"""examples/cv_example.py and examples/complete_cv_example.py end to end on the CPU: real JPEG and
+PNG files (scikit-learn's hand-written digits, written by examples/make_demo_images.py), real
+torch and Accelerate, real `mpslaunch launch` processes. The model is small (squeezenet1_1, which
+has dropout, so resuming must restore the random state too) and the images tiny.
+
+Each run uses one compute thread (OMP_NUM_THREADS=1): on a shared 2-core machine, OpenMP threads
+plus DataLoader workers oversubscribe the cores. Nothing here measures speed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work.
+pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY = ["--model", "squeezenet1_1", "--image_size", "24", "--batch_size", "4", "--cpu"]
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # complete_cv_example imports cv_example by this name
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = load_example("make_demo_images")
+cv_example = load_example("cv_example")
+complete = load_example("complete_cv_example")
+
+
+def command(example: str, *args, launcher: list[str] | None = None) -> list[str]:
+    prefix = [sys.executable, "-m", "mpslaunch", "launch", *launcher] if launcher is not None \
+        else [sys.executable]
+    return [*prefix, str(EXAMPLES / f"{example}.py"), *map(str, args)]
+
+
+def run(example: str, *args, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(command(example, *args, launcher=launcher), capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def start(example: str, *args, launcher: list[str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(command(example, *args, launcher=launcher), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def assert_ran(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def read_metrics(output_dir: Path) -> dict:
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def assert_trained(metrics: dict, *, epochs: int, images: int, processes: int) -> None:
+    assert len(metrics["eval_accuracy_per_epoch"]) == epochs
+    assert 0 <= metrics["eval_accuracy"] == metrics["eval_accuracy_per_epoch"][-1] <= 1
+    assert (metrics["train_images"], metrics["eval_images"]) == (images - images // 5, images // 5)
+    assert (metrics["device"], metrics["mixed_precision"]) == ("cpu", "no")
+    assert metrics["num_processes"] == processes
+    assert metrics["train_images_per_second"] > 0
+    assert 0 < metrics["imports_s"] < metrics["first_step_s"]
+
+
+def wait_for(path: Path, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    while not path.exists():
+        assert process.poll() is None, "finished before it could be interrupted"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def latest_step(output_dir: Path) -> int:
+    return int(complete.latest_checkpoint(output_dir).name.split("_")[1])
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory) -> Path:
+    """200 digits as Label_123 files, every suffix spelling, and a macOS `._` file to ignore."""
+    folder = tmp_path_factory.mktemp("pets")
+    paths = demo.write_demo_images(folder, count=200, size=24, seed=1)
+    for path, suffix in zip(paths[::4], [".JPG", ".jpeg", ".JPEG"] * 100):
+        path.rename(path.with_suffix(suffix))
+    (folder / "._seven_0001.jpg").write_bytes(b"macOS metadata, not an image")
+    return folder
+
+
+# ---------------------------------------------------------------- cv_example
+
+
+def test_cv_example_through_the_launcher(pets, tmp_path):
+    result = run("cv_example", "--data_dir", pets, "--output_dir", tmp_path, "--num_epochs", 2,
+                 *TINY, launcher=["--cpu"])
+    assert_ran(result)
+    assert_trained(read_metrics(tmp_path), epochs=2, images=200, processes=1)
+    assert "cv_example: epoch 2: eval accuracy" in result.stdout
+
+
+def test_cv_example_two_processes_with_workers_on_a_folder_of_pngs(tmp_path):
+    images = tmp_path / "images"
+    demo.write_demo_images(images, count=60, size=24, classes=3, layout="folders",
+                           file_format="png")
+    result = run("cv_example", "--data_dir", images, "--output_dir", tmp_path / "out",
+                 "--num_epochs", 1, "--num_workers", 1, *TINY,
+                 launcher=["--cpu", "--num_processes", "2"])
+    assert_ran(result)
+    assert_trained(read_metrics(tmp_path / "out"), epochs=1, images=60, processes=2)
+
+
+def test_cv_example_stops_at_a_corrupt_image_with_one_line(tmp_path):
+    images = tmp_path / "images"
+    paths = demo.write_demo_images(images, count=20, size=24, classes=2)
+    paths[0].write_bytes(paths[0].read_bytes()[:200])  # a JPEG header, then the data stops
+    result = run("cv_example", "--data_dir", images, "--output_dir", tmp_path / "out",
+                 "--num_workers", 1, *TINY)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert errors == [f"cv_example: error: cannot decode {paths[0]}: corrupt or not an image"]
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- complete_cv_example
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(pets, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("uninterrupted")
+    assert_ran(run("complete_cv_example", "--data_dir", pets, "--output_dir", output,
+                   "--num_epochs", 2, "--num_workers", 2, *TINY))
+    return output
+
+
+def test_complete_example_writes_weights_and_metrics(uninterrupted):
+    metrics = read_metrics(uninterrupted)
+    assert_trained(metrics, epochs=2, images=200, processes=1)
+    assert (metrics["epochs"], metrics["global_step"], metrics["skipped_images"]) == (2, 80, 0)
+    weights = load_file(uninterrupted / "model.safetensors")
+    untrained = cv_example.build_model("squeezenet1_1", 10, pretrained=False).state_dict()
+    assert weights.keys() == untrained.keys()
+    assert not all(torch.equal(weights[k], untrained[k]) for k in weights if k.endswith("weight"))
+
+
+def test_resume_after_ctrl_c_ends_exactly_like_the_uninterrupted_run(pets, uninterrupted,
+                                                                     tmp_path):
+    """Ctrl-C reaches the whole process group, DataLoader workers too: they leave it to the
+    training process, which finishes the step and saves."""
+    common = ["--data_dir", pets, "--output_dir", tmp_path, "--num_epochs", 2,
+              "--num_workers", 2, *TINY]
+    process = start("complete_cv_example", *common, "--checkpointing_steps", 3)
+    wait_for(tmp_path / "checkpoints" / "step_00000003", process)
+    os.killpg(process.pid, signal.SIGINT)
+    stopped = finish(process)
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and not (tmp_path / "metrics.json").exists()
+    assert 3 <= latest_step(tmp_path) < 80  # mid-training
+    assert f"stopped at step {latest_step(tmp_path)}" in stopped.stdout
+    assert not list((tmp_path / "checkpoints").glob("*.partial"))
+
+    resumed = run("complete_cv_example", *common, "--resume_from_checkpoint", "latest")
+    assert_ran(resumed)
+    assert f"step {latest_step(tmp_path)}" in resumed.stdout
+    expected, got = read_metrics(uninterrupted), read_metrics(tmp_path)
+    assert got["global_step"] == expected["global_step"]
+    assert got["eval_accuracy_per_epoch"] == expected["eval_accuracy_per_epoch"]
+    reference = load_file(uninterrupted / "model.safetensors")
+    weights = load_file(tmp_path / "model.safetensors")
+    assert [name for name in reference if not torch.equal(reference[name], weights[name])] == []
+
+
+def training_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    """The process of `rank` under the launcher (torchrun's child, not a DataLoader worker)."""
+    for process in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if (process.environ().get("RANK") == str(rank)  # a worker's parent has its RANK too
+                    and process.parent().environ().get("RANK") != str(rank)):
+                return process
+        except psutil.Error:  # a worker that just ended
+            continue
+    raise AssertionError(f"no training process of rank {rank}")
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_then_they_resume(tmp_path):
+    """Only rank 1 gets the signal: rank 0 stops at the same step only if they agree on it
+    (without agreeing, rank 0 trains on and the two wait for each other for ever)."""
+    images = tmp_path / "images"
+    paths = demo.write_demo_images(images, count=80, size=24, classes=4)
+    paths[0].write_bytes(paths[0].read_bytes()[:200])  # truncated
+    paths[1].write_text("not an image at all")
+    common = ["--data_dir", images, "--output_dir", tmp_path / "out", "--num_epochs", 2,
+              "--num_workers", 1, "--resume_from_checkpoint", "latest", *TINY]
+    two_processes = ["--cpu", "--num_processes", "2"]
+    process = start("complete_cv_example", *common, "--checkpointing_steps", 3,
+                    launcher=two_processes)
+    wait_for(tmp_path / "out" / "checkpoints" / "step_00000003", process)
+    training_process(process, rank=1).send_signal(signal.SIGTERM)
+    stopped = finish(process)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "no checkpoint in" in stopped.stderr  # `latest` before any checkpoint: a fresh start
+    assert re.search(r"mpslaunch: rank \d stopped first: it exited with code 143", stopped.stderr)
+    assert "Traceback" not in stopped.stderr and "failed first" not in stopped.stderr
+    step = latest_step(tmp_path / "out")
+    assert f"stopped at step {step}" in stopped.stdout
+    checkpoint = complete.latest_checkpoint(tmp_path / "out")
+    assert {p.name for p in checkpoint.glob("random_states_*")} == {"random_states_0.pkl",
+                                                                     "random_states_1.pkl"}
+    resumed = run("complete_cv_example", *common, launcher=two_processes)
+    assert_ran(resumed)
+    metrics = read_metrics(tmp_path / "out")
+    assert_trained(metrics, epochs=2, images=80, processes=2)
+    assert metrics["global_step"] == 2 * (64 // 4 // 2)
+    assert metrics["skipped_images"] == 2
+    for path in paths[:2]:
+        assert path.name in resumed.stderr  # named in the warning
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def write_images(folder: Path, names: list[str]) -> Path:
+    paths = demo.write_demo_images(folder / "_src", count=len(names), size=16)
+    for path, name in zip(paths, names):
+        path.rename(folder / name)
+    (folder / "_src").rmdir()
+    return folder
+
+
+def two_images(tmp: Path) -> list:
+    return ["--data_dir", write_images(tmp / "d", ["a_1.jpg", "b_1.jpg"])]
+
+
+BAD_INPUTS = {
+    "missing data_dir": (lambda tmp: ["--data_dir", tmp / "nowhere"], "is missing or empty"),
+    "empty data_dir": (lambda tmp: ["--data_dir", (tmp / "e").mkdir() or tmp / "e"], "or empty"),
+    "no file matches": (lambda tmp: ["--data_dir", write_images(tmp / "d", ["cat.jpg", "x.png"])],
+                        "images of 0 class(es)"),
+    "one class": (lambda tmp: ["--data_dir", write_images(tmp / "d", ["cat_1.jpg", "cat_2.PNG"])],
+                  "images of 1 class(es)"),
+    "image_size 0": (lambda tmp: [*two_images(tmp), "--image_size", "0"], "--image_size must"),
+    "batch_size -4": (lambda tmp: [*two_images(tmp), "--batch_size", "-4"], "--batch_size must"),
+    "lr nan": (lambda tmp: [*two_images(tmp), "--lr", "nan"], "--lr must be more than 0"),
+    "num_workers -1": (lambda tmp: [*two_images(tmp), "--num_workers", "-1"], "0 or more"),
+    "not a number": (lambda tmp: [*two_images(tmp), "--num_epochs", "two"], "invalid int value"),
+    "unknown model": (lambda tmp: [*two_images(tmp), "--model", "resnet_9000"],
+                      "unknown --model 'resnet_9000'"),
+    "batch too large": (lambda tmp: [*two_images(tmp), "--batch_size", "2"],
+                        "--batch_size 2 x 1 process(es) is more than the 1 training images"),
+}
+COMPLETE_BAD_INPUTS = {
+    "missing checkpoint": (lambda tmp: [*two_images(tmp), "--batch_size", "1",
+                                        "--resume_from_checkpoint", tmp / "step_9"],
+                           "no such checkpoint folder"),
+    "checkpointing_steps": (lambda tmp: [*two_images(tmp), "--checkpointing_steps", "often"],
+                            "invalid checkpointing_steps value: 'often'"),
+}
+
+
+@pytest.mark.parametrize("example, case", [("cv_example", case) for case in BAD_INPUTS]
+                         + [("complete_cv_example", case) for case in COMPLETE_BAD_INPUTS]
+                         + [("complete_cv_example", "one class")])
+def test_bad_input_is_one_line_and_exit_code_2(example, case, tmp_path, capsys):
+    make_args, expected = {**BAD_INPUTS, **COMPLETE_BAD_INPUTS}[case]
+    module = cv_example if example == "cv_example" else complete
+    assert module.main([str(arg) for arg in make_args(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{example}: error: ") and err.count("\n") == 1, err
+    assert expected in err
+
+
+def test_pretrained_weights_come_only_from_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch_home"))
+    assert cv_example.main([*map(str, two_images(tmp_path)), "--pretrained"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing is downloaded" in err and "weights='DEFAULT'" in err
+    assert not (tmp_path / "empty_torch_home").exists()
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        complete.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: resnet18)", "(default: 64)", "(default: 224)",
+                    "(default: outputs/complete_cv_example)", "--resume_from_checkpoint"):
+        assert default in text
