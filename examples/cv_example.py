@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from accelerate import Accelerator
 from accelerate.utils import set_seed
@@ -47,41 +46,38 @@ class UnreadableImage(InputError):
         super().__init__(message.strip().splitlines()[-1].split("UnreadableImage: ")[-1])
 
 
-def find_images(data_dir: Path) -> list[tuple[Path, str]]:
-    """(path, label) of every image: one sub-folder per class, else Pet-style file names."""
+def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
+    """The class names, then (path, class) of the training and of the evaluation images (80/20,
+    by the seed), from one sub-folder per class or else Pet-style file names."""
     if not data_dir.is_dir() or not any(data_dir.iterdir()):
         raise InputError(f"--data_dir {data_dir} is missing or empty; make a demo set with: "
                          f"python examples/make_demo_images.py {data_dir}")
-
-    def is_image(path: Path) -> bool:  # `._name.jpg` files are macOS metadata
-        return path.suffix.lower() in (".jpg", ".jpeg", ".png") \
-            and not path.name.startswith(".") and path.is_file()
-
-    entries = sorted(path for path in data_dir.iterdir() if not path.name.startswith("."))
-    samples = [(path, folder.name) for folder in entries if folder.is_dir()
-               for path in sorted(folder.rglob("*")) if is_image(path)]
-    samples = samples or [(path, match[1]) for path in entries if is_image(path)
-                          and (match := re.match(r"^(.+)_\d+$", path.stem))]
-    if len({label for _, label in samples}) < 2:
-        raise InputError(f"found images of {len({label for _, label in samples})} class(es) in "
-                         f"{data_dir}; it needs two or more, as Label_Name_123.jpg files or "
-                         "one sub-folder of images per class")
-    return samples
-
-
-def split_train_eval(samples: list, seed: int) -> tuple[list, list]:
-    """80% to train, 20% to evaluate, shuffled by the seed."""
-    shuffled = samples[:]
-    random.Random(seed).shuffle(shuffled)
-    eval_count = max(1, round(len(shuffled) * 0.2))
-    return shuffled[eval_count:], shuffled[:eval_count]
+    paths = sorted(path for path in data_dir.rglob("*") if path.is_file()  # not macOS `._*`:
+                   and not any(part.startswith(".") for part in path.relative_to(data_dir).parts)
+                   and path.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    samples = [(path, path.relative_to(data_dir).parts[0]) for path in paths
+               if path.parent != data_dir]
+    samples = samples or [(path, match[1]) for path in paths
+                          if (match := re.match(r"^(.+)_\d+$", path.stem))]
+    classes = sorted({label for _, label in samples})
+    if len(classes) < 2:
+        raise InputError(f"found images of {len(classes)} class(es) in {data_dir}; it needs two "
+                         "or more, as Label_Name_123.jpg files or one sub-folder per class")
+    samples = [(path, classes.index(label)) for path, label in samples]
+    random.Random(seed).shuffle(samples)
+    eval_count = max(1, round(len(samples) * 0.2))
+    return classes, samples[eval_count:], samples[:eval_count]
 
 
 class ImageFiles(Dataset):
-    """(image, label) pairs: files decoded in DataLoader workers, transformed as uint8."""
+    """(image, label): decoded in DataLoader workers, augmented as uint8 when training (random
+    crops of at least 35% of the picture, so small pictures keep their subject, and flips)."""
 
-    def __init__(self, samples: list[tuple[Path, int]], transform):
-        self.samples, self.transform = samples, transform
+    def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool):
+        self.samples = samples
+        self.transform = v2.Compose(
+            [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()]
+            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)])
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -94,13 +90,6 @@ class ImageFiles(Dataset):
             raise UnreadableImage(f"cannot decode {path}: corrupt or not an image") from None
         image = v2.functional.to_dtype(image, torch.uint8, scale=True)  # 16-bit PNGs
         return self.transform(image), label
-
-
-def make_transforms(size: int) -> tuple[v2.Compose, v2.Compose]:
-    """Training: random crops of at least 35% of the picture (small pictures keep their
-    subject) and flips. Evaluation: the centre."""
-    return (v2.Compose([v2.RandomResizedCrop(size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()]),
-            v2.Compose([v2.Resize(round(size / 0.875)), v2.CenterCrop(size)]))
 
 
 def make_loader(dataset: Dataset, args, device: torch.device, **options) -> DataLoader:
@@ -117,9 +106,18 @@ def make_loader(dataset: Dataset, args, device: torch.device, **options) -> Data
 
 
 def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
+    if name not in torchvision.models.list_models(module=torchvision.models):
+        raise InputError(f"unknown --model {name!r}; use a torchvision classification model, "
+                         "e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
     if not pretrained:
         return torchvision.models.get_model(name, num_classes=num_classes)
-    model = torchvision.models.get_model(name, weights="DEFAULT")  # found in the cache first
+    url = torchvision.models.get_model_weights(name).DEFAULT.url
+    cached = Path(torch.hub.get_dir(), "checkpoints", url.rsplit("/", 1)[-1])
+    if not cached.is_file():  # where torchvision looks before it downloads
+        raise InputError(f"--pretrained: {cached} is missing and nothing is downloaded here; "
+                         f"fetch the weights once with: python -c \"import torchvision; "
+                         f"torchvision.models.get_model('{name}', weights='DEFAULT')\"")
+    model = torchvision.models.get_model(name, weights="DEFAULT")
     head, layer = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][-1]
     model.set_submodule(head, torch.nn.Linear(layer.in_features, num_classes))
     return model
@@ -148,7 +146,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, total_steps: int):
 
 def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
     """One optimizer step; the loss stays on the device (reading it waits for the device)."""
-    loss = F.cross_entropy(model(normalize(images)), labels)
+    loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels)
     accelerator.backward(loss)
     optimizer.step()
     scheduler.step()
@@ -156,19 +154,25 @@ def train_step(accelerator, model, optimizer, scheduler, normalize, images, labe
     return loss.detach()
 
 
-def train(args, samples: list[tuple[Path, str]]) -> dict:
+def check_batch_size(args, train_count: int) -> None:
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, as Accelerator() reads it
+    if train_count // args.batch_size < processes:  # each needs a full batch
+        raise InputError(f"--batch_size {args.batch_size} x {processes} process(es) is more "
+                         f"than the {train_count} training images")
+
+
+def train(args) -> dict:
+    classes, train_set, eval_set = find_images(args.data_dir, args.seed)
+    check_batch_size(args, len(train_set))
+    set_seed(args.seed)
+    model = build_model(args.model, len(classes), args.pretrained)  # bad input: before the device
     # cpu=False and mixed_precision=None are Accelerator()'s defaults: the launcher decides.
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device, normalize = accelerator.device, Normalize(accelerator.device)
-    classes = sorted({label for _, label in samples})
-    train_set, eval_set = split_train_eval([(p, classes.index(c)) for p, c in samples], args.seed)
-    train_transform, eval_transform = make_transforms(args.image_size)
-    train_loader = make_loader(ImageFiles(train_set, train_transform), args, device,
-                               shuffle=True, drop_last=True)
-    eval_loader = make_loader(ImageFiles(eval_set, eval_transform), args, device)
-    set_seed(args.seed)
-    model = build_model(args.model, len(classes), args.pretrained)
     model = model.to(memory_format=normalize.memory_format)
+    train_loader = make_loader(ImageFiles(train_set, args.image_size, train=True), args, device,
+                               shuffle=True, drop_last=True)
+    eval_loader = make_loader(ImageFiles(eval_set, args.image_size, train=False), args, device)
     # Steps counted before prepare() shares the batches out: each process steps the schedule.
     optimizer, scheduler = make_optimizer(model, args.lr, args.num_epochs * len(train_loader))
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
@@ -192,7 +196,7 @@ def train(args, samples: list[tuple[Path, str]]) -> dict:
                 shown_at = time.perf_counter()
                 rate = trained_images / (train_s + shown_at - started)
                 bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
-        loss.item()  # the epoch ends when the device is done
+        loss.item()  # the epoch's time ends when the device is done
         train_s += time.perf_counter() - started
 
         model.eval()
@@ -208,10 +212,9 @@ def train(args, samples: list[tuple[Path, str]]) -> dict:
         accelerator.print(f"{PROG}: epoch {epoch + 1}: eval accuracy {accuracies[-1]:.4f}")
     accelerator.end_training()
     return {"eval_accuracy": accuracies[-1], "eval_accuracy_per_epoch": accuracies,
-            "train_images_per_second": trained_images / train_s,
-            "device": device.type, "mixed_precision": accelerator.mixed_precision,
+            "train_images_per_second": trained_images / train_s, "device": device.type,
+            "mixed_precision": accelerator.mixed_precision,
             "num_processes": accelerator.num_processes, "model": args.model,
-            "image_size": args.image_size, "batch_size": args.batch_size,
             "train_images": len(train_set), "eval_images": len(eval_set),
             "started_at": STARTED_AT, "imports_s": IMPORTS_DONE_AT - STARTED_AT,
             "first_step_s": first_step_at - STARTED_AT}
@@ -228,56 +231,37 @@ def make_parser(prog: str = PROG, description: str = __doc__) -> argparse.Argume
     add("--data_dir", type=Path, required=True, metavar="DIR",
         help="Label_Name_123.jpg files or one sub-folder of images per class")
     add("--output_dir", type=Path, default=Path("outputs", prog), metavar="DIR",
-        help="for the results (default: %(default)s)")
-    add("--model", default="resnet18",
-        help="a torchvision classification model, trained from scratch (default: %(default)s)")
+        help="(default: %(default)s)")
+    add("--model", default="resnet18", help="a torchvision classifier (default: %(default)s)")
     add("--pretrained", action="store_true", help="start from ImageNet weights in torch's cache")
-    add("--num_epochs", type=int, default=3, metavar="N", help="(default: %(default)s)")
-    add("--batch_size", type=int, default=64, metavar="N",
-        help="per process (default: %(default)s)")
-    add("--image_size", type=int, default=224, metavar="PX", help="(default: %(default)s)")
+    add("--num_epochs", type=int, default=3, help="(default: %(default)s)")
+    add("--batch_size", type=int, default=64, help="per process (default: %(default)s)")
+    add("--image_size", type=int, default=224, help="(default: %(default)s)")
     add("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
-    add("--num_workers", type=int, metavar="N", help="DataLoader workers per process (default: "
+    add("--num_workers", type=int, help="DataLoader workers per process (default: "
         "the CPUs / local processes - 1; 0 when training on the CPU)")
-    add("--seed", type=int, default=42,
-        help="fixes the split, the weights, the augmentation (default: %(default)s)")
+    add("--seed", type=int, default=42, help="fixes the split, the weights, the augmentation "
+        "(default: %(default)s)")
     add("--cpu", action="store_true", help="Accelerator(cpu=True), else the launcher's choice")
-    add("--mixed_precision", choices=("no", "fp16", "bf16"),
-        help="Accelerator(mixed_precision=...) (default: the launcher's choice)")
+    add("--mixed_precision", choices=("no", "fp16", "bf16"), help="(default: the launcher's)")
     return parser
 
 
-def check_args(args) -> list[tuple[Path, str]]:
-    """Every input checked before any device is touched; returns the images found."""
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None):
+    args = (parser or make_parser()).parse_args(argv)
     for name in ("num_epochs", "batch_size", "image_size", "lr"):
         if not getattr(args, name) > 0:
             raise InputError(f"--{name} must be more than 0, got {getattr(args, name)}")
     if args.num_workers is not None and args.num_workers < 0:
         raise InputError(f"--num_workers must be 0 or more, got {args.num_workers}")
-    samples = find_images(args.data_dir)
-    if args.model not in torchvision.models.list_models(module=torchvision.models):
-        raise InputError(f"unknown --model {args.model!r}; use a torchvision classification "
-                         "model, e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
-    if args.pretrained:  # where torchvision looks before it downloads
-        url = torchvision.models.get_model_weights(args.model).DEFAULT.url
-        cached = Path(torch.hub.get_dir(), "checkpoints", url.rsplit("/", 1)[-1])
-        if not cached.is_file():
-            raise InputError(f"--pretrained: {cached} is missing and nothing is downloaded here;"
-                             " fetch the weights once with: python -c \"import torchvision; "
-                             f"torchvision.models.get_model('{args.model}', weights='DEFAULT')\"")
-    train_count = len(split_train_eval(samples, args.seed)[0])
-    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, as Accelerator() reads it
-    if train_count // args.batch_size < processes:  # each needs a full batch
-        raise InputError(f"--batch_size {args.batch_size} x {processes} process(es) is more "
-                         f"than the {train_count} training images")
-    return samples
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's: one process reports bad input
     try:
-        args = make_parser().parse_args(argv)
-        metrics = train(args, check_args(args))
+        args = parse_args(argv)
+        metrics = train(args)
     except InputError as error:
         if main_rank or isinstance(error, UnreadableImage):  # each process decodes its own
             print(f"{PROG}: error: {error}", file=sys.stderr)
