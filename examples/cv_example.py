@@ -74,7 +74,7 @@ class ImageFiles(Dataset):
     crops of at least 35% of the picture, so small pictures keep their subject, and flips)."""
 
     def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool):
-        self.samples = samples
+        self.samples, self.image_size = samples, image_size
         self.transform = v2.Compose(
             [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()]
             if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)])
@@ -163,9 +163,9 @@ def check_batch_size(args, train_count: int) -> None:
 
 def train(args) -> dict:
     classes, train_set, eval_set = find_images(args.data_dir, args.seed)
-    check_batch_size(args, len(train_set))
     set_seed(args.seed)
-    model = build_model(args.model, len(classes), args.pretrained)  # bad input: before the device
+    model = build_model(args.model, len(classes), args.pretrained)
+    check_batch_size(args, len(train_set))  # bad input is found before the device is touched
     # cpu=False and mixed_precision=None are Accelerator()'s defaults: the launcher decides.
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device, normalize = accelerator.device, Normalize(accelerator.device)
@@ -215,6 +215,7 @@ def train(args) -> dict:
             "train_images_per_second": trained_images / train_s, "device": device.type,
             "mixed_precision": accelerator.mixed_precision,
             "num_processes": accelerator.num_processes, "model": args.model,
+            "image_size": args.image_size, "batch_size": args.batch_size,
             "train_images": len(train_set), "eval_images": len(eval_set),
             "started_at": STARTED_AT, "imports_s": IMPORTS_DONE_AT - STARTED_AT,
             "first_step_s": first_step_at - STARTED_AT}
