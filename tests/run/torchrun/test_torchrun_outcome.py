@@ -31,7 +31,7 @@ def test_exit_code_and_signal_wording():
 
 
 def test_a_rank_that_stopped_on_a_signal_is_not_called_failed():
-    """cv_example's ranks exit 143 after saving a checkpoint on SIGTERM."""
+    """complete_cv_example's ranks exit 143 after saving a checkpoint on SIGTERM."""
     text = failure_summary(RankFailure(0, 0, 1, 143, None))
     assert text.startswith("mpslaunch: rank 0 stopped first: it exited with code 143, as a "
                            "script does that stops on SIGTERM")

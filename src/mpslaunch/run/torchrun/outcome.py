@@ -60,7 +60,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def stopped_on_request(exitcode: int) -> bool:
     """128+N for SIGINT or SIGTERM: by convention, a script that caught the signal and stopped
-    (cv_example saves a checkpoint first), not a crash."""
+    (complete_cv_example saves a checkpoint first), not a crash."""
     return exitcode - 128 in STOP_SIGNALS
 
 
