@@ -125,10 +125,11 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 
 class StopRequest:
-    """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits."""
+    """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits. The signal
+    module keeps this object until exit, so it holds no accelerator (which holds the loaders)."""
 
     def __init__(self, accelerator: Accelerator):
-        self.accelerator, self.signal_number, self.cpu_group = accelerator, None, None
+        self.processes, self.signal_number, self.cpu_group = accelerator.num_processes, None, None
         # Processes on one machine agree over a CPU (gloo) group: no wait for the device at
         # each step. Across machines, where gloo may not reach, over Accelerate's trigger.
         one_machine = accelerator.num_processes == int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -144,10 +145,10 @@ class StopRequest:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal_number = number
 
-    def agreed(self) -> bool:
+    def agreed(self, a: Accelerator) -> bool:
         """Whether to stop now: all processes stop at the same step if any was signalled."""
-        signalled, a = self.signal_number is not None, self.accelerator
-        if a.num_processes == 1:
+        signalled = self.signal_number is not None
+        if self.processes == 1:
             return signalled
         if self.cpu_group is None:
             if signalled:
@@ -226,7 +227,7 @@ class Training:
             self.evaluate()
             if self.args.checkpointing_steps == "epoch":
                 self.save_checkpoint()
-            if self.stop.agreed():
+            if self.stop.agreed(self.accelerator):
                 return self.save_and_stop()
         self.finish()
         return 0
@@ -261,7 +262,7 @@ class Training:
                 bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
             if isinstance(every, int) and position.global_step % every == 0:
                 self.save_checkpoint()
-            stopped = self.stop.agreed()
+            stopped = self.stop.agreed(self.accelerator)
             if stopped:
                 break
         if loss is not None:
