@@ -158,8 +158,9 @@ def make_demo(folder: Path) -> Path:
 def pure_step_worker(args: argparse.Namespace) -> None:
     """The example's own step, as its training sets it up, on one batch already on the device."""
     import torch
+    from accelerate import Accelerator
     example = import_example(args.example)
-    accelerator = example.make_accelerator(args)
+    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)  # as they do
     normalize = example.Normalize(accelerator.device)
     model = example.build_model(args.model, args.num_classes, pretrained=False)
     model = model.to(memory_format=normalize.memory_format)

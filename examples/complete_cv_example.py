@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-STARTED_AT = time.time()  # metrics.json reports how long the imports and the first step took
+STARTED_AT = time.time()  # metrics.json reports how long the imports and the first step take
 
 import json
 import os
@@ -33,34 +33,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import Sampler
 from tqdm.auto import tqdm
 
 import cv_example  # beside this file: Python puts a script's folder on sys.path
-from cv_example import (ImageFiles, InputError, Normalize, Speed, UnreadableImage, build_model,
-                        check_batch_size, check_model, eval_transform, find_images,
-                        make_accelerator, make_loader, make_optimizer, split_train_eval,
-                        train_transform)
+from cv_example import (ImageFiles, InputError, Normalize, UnreadableImage, build_model,
+                        check_batch_size, find_images, make_loader, make_optimizer)
 
 IMPORTS_DONE_AT = time.time()
 PROG = "complete_cv_example"
 UNREADABLE = -100  # the label of an image that did not decode: cross_entropy's ignore_index
 
 
-# ---------------------------------------------------------------- data and step
-
-
 class SeededImageFiles(ImageFiles):
     """cv_example's ImageFiles, items (image, label, index). A training item is (index, seed):
     the seed alone draws the image's augmentation. An image that does not decode comes back
     blank, labelled UNREADABLE."""
-
-    def __init__(self, samples: list[tuple[Path, int]], transform, image_size: int):
-        super().__init__(samples, transform)
-        self.blank = torch.zeros(3, image_size, image_size, dtype=torch.uint8)
 
     def __getitem__(self, item):
         index, seed = item if isinstance(item, tuple) else (item, None)
@@ -72,7 +62,8 @@ class SeededImageFiles(ImageFiles):
             try:
                 image, label = super().__getitem__(index)
             except UnreadableImage:
-                return self.blank, UNREADABLE, index
+                blank = torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
+                return blank, UNREADABLE, index
         return image, label, index
 
 
@@ -103,16 +94,14 @@ def ignore_stop_signals(_worker_id: int) -> None:
 
 def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
     """cv_example's step, on the readable images only; the loss stays on the device."""
-    loss = F.cross_entropy(model(normalize(images)), labels, ignore_index=UNREADABLE,
-                           reduction="sum") / (labels != UNREADABLE).sum().clamp_min(1)
+    loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels, reduction="sum",
+                                             ignore_index=UNREADABLE)
+    loss = loss / (labels != UNREADABLE).sum().clamp_min(1)
     accelerator.backward(loss)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
-
-
-# ---------------------------------------------------------------- checkpoints and stopping
 
 
 @dataclass
@@ -135,26 +124,15 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return steps[-1] if steps else None  # zero-padded names sort by step
 
 
-def checkpoint_to_resume(args) -> Path | None:
-    if args.resume_from_checkpoint is None:
-        return None
-    if args.resume_from_checkpoint == "latest":
-        return latest_checkpoint(args.output_dir)
-    if not Path(args.resume_from_checkpoint).is_dir():
-        raise InputError(f"--resume_from_checkpoint {args.resume_from_checkpoint}: "
-                         "no such checkpoint folder")
-    return Path(args.resume_from_checkpoint)
-
-
 class StopRequest:
-    """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits."""
+    """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits. The signal
+    module keeps this object until exit, so it holds no accelerator (which holds the loaders)."""
 
     def __init__(self, accelerator: Accelerator):
-        self.processes, self.signal_number = accelerator.num_processes, None
+        self.processes, self.signal_number, self.cpu_group = accelerator.num_processes, None, None
         # Processes on one machine agree over a CPU (gloo) group: no wait for the device at
         # each step. Across machines, where gloo may not reach, over Accelerate's trigger.
         one_machine = accelerator.num_processes == int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        self.cpu_group = None
         if accelerator.num_processes > 1 and one_machine:
             self.cpu_group = torch.distributed.group.WORLD \
                 if torch.distributed.get_backend() == "gloo" \
@@ -167,79 +145,77 @@ class StopRequest:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal_number = number
 
-    def agreed(self, accelerator: Accelerator) -> bool:
+    def agreed(self, a: Accelerator) -> bool:
         """Whether to stop now: all processes stop at the same step if any was signalled."""
         signalled = self.signal_number is not None
         if self.processes == 1:
             return signalled
         if self.cpu_group is None:
             if signalled:
-                accelerator.set_trigger()
-            return accelerator.check_trigger()
+                a.set_trigger()
+            return a.check_trigger()
         flag = torch.tensor([int(signalled)])
         torch.distributed.all_reduce(flag, group=self.cpu_group)
         return bool(flag.item())
 
 
-# ---------------------------------------------------------------- training
-
-
 class Training:
     """The run: set up once, then epochs of steps, evaluations and checkpoints."""
 
-    def __init__(self, args, samples: list[tuple[Path, str]]):
+    def __init__(self, args):
         self.args = args
-        self.accelerator = accelerator = make_accelerator(args)
-        self.normalize = Normalize(accelerator.device)
-        classes = sorted({label for _, label in samples})
-        train_set, eval_set = split_train_eval([(p, classes.index(c)) for p, c in samples],
-                                               args.seed)
-        self.train_set = SeededImageFiles(train_set, train_transform(args.image_size),
-                                          args.image_size)
-        self.eval_set = SeededImageFiles(eval_set, eval_transform(args.image_size),
-                                         args.image_size)
+        classes, train_set, eval_set = find_images(args.data_dir, args.seed)
+        set_seed(args.seed)
+        model = build_model(args.model, len(classes), args.pretrained)
+        check_batch_size(args, len(train_set))
+        self.checkpoint = None
+        if args.resume_from_checkpoint == "latest":
+            self.checkpoint = latest_checkpoint(args.output_dir)
+        elif args.resume_from_checkpoint is not None:
+            self.checkpoint = Path(args.resume_from_checkpoint)
+            if not self.checkpoint.is_dir():
+                raise InputError(f"--resume_from_checkpoint {self.checkpoint}: no such "
+                                 "checkpoint folder")
+        self.accelerator = a = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+        self.normalize = Normalize(a.device)
+        model = model.to(memory_format=self.normalize.memory_format)
+        self.train_set = SeededImageFiles(train_set, args.image_size, train=True)
+        self.eval_set = SeededImageFiles(eval_set, args.image_size, train=False)
         self.sampler = EpochShuffle(len(self.train_set), args.seed)
         # The loaders' own generators: starting an epoch must not draw from the training's
         # random state, or a resumed run would drift from an uninterrupted one.
-        loader_options = dict(worker_init_fn=ignore_stop_signals, generator=torch.Generator())
-        train_loader = make_loader(self.train_set, args, accelerator.device, sampler=self.sampler,
-                                   drop_last=True, **loader_options)
-        eval_loader = make_loader(self.eval_set, args, accelerator.device, **loader_options)
-        set_seed(args.seed)
-        model = build_model(args.model, len(classes), args.pretrained)
-        model = model.to(memory_format=self.normalize.memory_format)
-        # Steps counted before prepare() shares the batches out among the processes: the
-        # prepared schedule steps once per process at each step.
+        options = dict(worker_init_fn=ignore_stop_signals, generator=torch.Generator())
+        train_loader = make_loader(self.train_set, args, a.device, sampler=self.sampler,
+                                   drop_last=True, **options)
+        eval_loader = make_loader(self.eval_set, args, a.device, **options)
+        # Steps counted before prepare() shares the batches out: each process steps the schedule.
         optimizer, scheduler = make_optimizer(model, args.lr, args.num_epochs * len(train_loader))
         (self.model, self.optimizer, self.scheduler, self.train_loader,
-         self.eval_loader) = accelerator.prepare(model, optimizer, scheduler, train_loader,
-                                                 eval_loader)
-        self.position, self.speed = Position(), Speed()
-        accelerator.register_for_checkpointing(self.position)
-        self.unreadable = {name: torch.zeros(len(dataset), dtype=torch.bool,
-                                             device=accelerator.device)
-                           for name, dataset in (("train", self.train_set),
-                                                 ("eval", self.eval_set))}
-        self.stop = StopRequest(accelerator)
-        accelerator.print(f"{PROG}: {len(train_set)} train / {len(eval_set)} eval images, "
-                          f"{len(classes)} classes; {args.model} on {accelerator.device.type}, "
-                          f"mixed precision {accelerator.mixed_precision}, "
-                          f"{accelerator.num_processes} process(es)")
+         self.eval_loader) = a.prepare(model, optimizer, scheduler, train_loader, eval_loader)
+        self.position = Position()
+        a.register_for_checkpointing(self.position)
+        # Which images did not decode, marked by any process (on the device: no waiting).
+        self.unreadable = [torch.zeros(len(dataset), dtype=torch.bool, device=a.device)
+                           for dataset in (self.train_set, self.eval_set)]
+        self.trained_images, self.train_s, self.first_step_at = 0, 0.0, None
+        self.stop = StopRequest(a)
+        a.print(f"{PROG}: {len(train_set)} train / {len(eval_set)} eval images, "
+                f"{len(classes)} classes; {args.model} on {a.device.type}, mixed precision "
+                f"{a.mixed_precision}, {a.num_processes} process(es)")
 
     def resume(self) -> None:
-        checkpoint = checkpoint_to_resume(self.args)
-        if checkpoint is None:
+        if self.checkpoint is None:
             if self.args.resume_from_checkpoint == "latest":
                 self.warn(f"no checkpoint in {self.args.output_dir / 'checkpoints'} yet; "
                           "starting from the beginning")
             return
         try:
-            self.accelerator.load_state(str(checkpoint))
+            self.accelerator.load_state(str(self.checkpoint))
         except (RuntimeError, ValueError, KeyError, FileNotFoundError) as error:
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise InputError(f"cannot resume from {checkpoint}: it does not match this run "
+            raise InputError(f"cannot resume from {self.checkpoint}: it does not match this run "
                              f"(model, classes or options): {first_line}") from None
-        self.accelerator.print(f"{PROG}: resumed from {checkpoint} at epoch "
+        self.accelerator.print(f"{PROG}: resumed from {self.checkpoint} at epoch "
                                f"{self.position.epoch + 1}, step {self.position.global_step}")
 
     def run(self) -> int:
@@ -257,8 +233,9 @@ class Training:
         return 0
 
     def train_epoch(self, epoch: int) -> bool:
-        """One pass over the training set from the current position; False if stopped."""
-        a, position = self.accelerator, self.position
+        """One pass over the training set from the current position; False if stopped.
+        Images/s as in cv_example: from the end of the first step, evaluation left out."""
+        a, position, every = self.accelerator, self.position, self.args.checkpointing_steps
         self.sampler.set_epoch(epoch)
         self.train_loader.set_epoch(epoch)
         loader = a.skip_first_batches(self.train_loader, position.step_in_epoch) \
@@ -266,28 +243,33 @@ class Training:
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{self.args.num_epochs}", unit="step",
                    total=len(self.train_loader), initial=position.step_in_epoch,
                    dynamic_ncols=True, disable=not a.is_local_main_process)
-        self.speed.start_epoch()
+        started = shown_at = time.perf_counter()
         loss, stopped = None, False
         for images, labels, indices in bar:
             loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
                               images, labels)
-            self.unreadable["train"][indices] = labels == UNREADABLE  # no wait for the device
+            self.unreadable[0][indices] = labels == UNREADABLE
             position.step_in_epoch += 1
             position.global_step += 1
-            self.speed.step(len(images) * a.num_processes, loss, bar)
-            stopped = self.checkpoint_or_stop()
+            if self.first_step_at is None:
+                loss.item()  # waits for the device
+                self.first_step_at, started = time.time(), time.perf_counter()
+            else:
+                self.trained_images += len(images) * a.num_processes
+            if time.perf_counter() - shown_at > 1:  # loss.item() waits: not at every step
+                shown_at = time.perf_counter()
+                rate = self.trained_images / max(self.train_s + shown_at - started, 1e-9)
+                bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
+            if isinstance(every, int) and position.global_step % every == 0:
+                self.save_checkpoint()
+            stopped = self.stop.agreed(self.accelerator)
             if stopped:
                 break
-        self.speed.end_epoch(loss)
+        if loss is not None:
+            loss.item()  # the epoch's time ends when the device is done
+        self.train_s += time.perf_counter() - started
         bar.close()
         return not stopped
-
-    def checkpoint_or_stop(self) -> bool:
-        """After a step: a checkpoint when one is due; True when the processes agree to stop."""
-        every = self.args.checkpointing_steps
-        if isinstance(every, int) and self.position.global_step % every == 0:
-            self.save_checkpoint()
-        return self.stop.agreed(self.accelerator)
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -296,9 +278,9 @@ class Training:
         correct = total = 0
         for images, labels, indices in self.eval_loader:
             predictions = model(self.normalize(images)).argmax(dim=1)
-            # All processes' predictions, less the samples repeated to even out the last batch.
+            # All processes' predictions, less the samples repeated to fill the last batch.
             predictions, labels, indices = a.gather_for_metrics((predictions, labels, indices))
-            self.unreadable["eval"][indices] = labels == UNREADABLE
+            self.unreadable[1][indices] = labels == UNREADABLE
             correct += ((predictions == labels) & (labels != UNREADABLE)).sum()
             total += (labels != UNREADABLE).sum()
         model.train()
@@ -314,8 +296,8 @@ class Training:
     def skipped_images(self) -> list[str]:
         """The files found unreadable so far, by any process."""
         found = []
-        for name, dataset in (("train", self.train_set), ("eval", self.eval_set)):
-            marked = self.accelerator.reduce(self.unreadable[name].int(), reduction="sum")
+        for marks, dataset in zip(self.unreadable, (self.train_set, self.eval_set)):
+            marked = self.accelerator.reduce(marks.int(), reduction="sum")
             found += [str(dataset.samples[i][0]) for i in marked.nonzero().flatten().tolist()]
         return found
 
@@ -341,38 +323,33 @@ class Training:
         return 128 + (self.stop.signal_number or signal.SIGTERM)  # SIGTERM: another's
 
     def finish(self) -> None:
-        a, args = self.accelerator, self.args
+        a, args, position = self.accelerator, self.args, self.position
         a.wait_for_everyone()
         a.save_model(self.model, args.output_dir)  # model.safetensors
-        metrics = self.metrics()
+        metrics = {"eval_accuracy": position.eval_accuracies[-1],
+                   "eval_accuracy_per_epoch": position.eval_accuracies,
+                   # of this run only, when resumed
+                   "train_images_per_second": self.trained_images / self.train_s
+                   if self.train_s else None,
+                   "device": a.device.type, "mixed_precision": a.mixed_precision,
+                   "num_processes": a.num_processes, "model": args.model,
+                   "image_size": args.image_size, "batch_size": args.batch_size,
+                   "train_images": len(self.train_set), "eval_images": len(self.eval_set),
+                   "epochs": position.epoch, "global_step": position.global_step,
+                   "skipped_images": len(self.skipped_images()), "started_at": STARTED_AT,
+                   "imports_s": IMPORTS_DONE_AT - STARTED_AT,
+                   "first_step_s": self.first_step_at - STARTED_AT
+                   if self.first_step_at else None}
         if a.is_main_process:
             (args.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
             a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}, "
-                    f"{metrics['train_images_per_second']:,.0f} training images/s; "
+                    f"{metrics['train_images_per_second'] or 0:,.0f} training images/s; "
                     f"wrote {args.output_dir / 'metrics.json'} and model.safetensors")
         a.end_training()
-
-    def metrics(self) -> dict:
-        a, args, position, speed = self.accelerator, self.args, self.position, self.speed
-        return {"eval_accuracy": position.eval_accuracies[-1],
-                "eval_accuracy_per_epoch": position.eval_accuracies,
-                # of this run only, when resumed
-                "train_images_per_second": speed.images_per_second,
-                "device": a.device.type, "mixed_precision": a.mixed_precision,
-                "num_processes": a.num_processes, "model": args.model,
-                "image_size": args.image_size, "batch_size": args.batch_size,
-                "train_images": len(self.train_set), "eval_images": len(self.eval_set),
-                "epochs": position.epoch, "global_step": position.global_step,
-                "skipped_images": len(self.skipped_images()), "started_at": STARTED_AT,
-                "imports_s": IMPORTS_DONE_AT - STARTED_AT,
-                "first_step_s": speed.first_step_at - STARTED_AT if speed.first_step_at else None}
 
     def warn(self, message: str) -> None:
         if self.accelerator.is_main_process:
             tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
-
-
-# ---------------------------------------------------------------- command line
 
 
 def checkpointing_steps(text: str) -> str | int:
@@ -394,11 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's: one process reports bad input
     try:
         args = parse_args(argv)
-        samples = find_images(args.data_dir)  # cheap checks before any device is touched
-        check_model(args.model, args.pretrained)
-        check_batch_size(args.batch_size, samples, args.seed)
-        checkpoint_to_resume(args)
-        training = Training(args, samples)
+        training = Training(args)  # bad input is found before the device is touched
         training.resume()
         args.output_dir.mkdir(parents=True, exist_ok=True)
         return training.run()

@@ -3,19 +3,18 @@
     python examples/make_demo_images.py images        # hand-written digits as JPEG files
     mpslaunch launch examples/cv_example.py --data_dir images --image_size 64 --num_epochs 2
 
-It runs unchanged under `python`, `accelerate launch` and `mpslaunch launch`: `Accelerator()` takes
-the device (mps, cuda or cpu), the precision and the processes from the launcher's environment.
-`--data_dir` holds .jpg/.jpeg/.png files named like the Oxford-IIIT Pet set (`Label_Name_123.jpg`:
-the label is the name before the last `_`) or one sub-folder of images per class; 80% train and
-20% evaluate, split by `--seed`. Results: the eval accuracy after each epoch and metrics.json in
-`--output_dir`. examples/complete_cv_example.py adds checkpoints, resuming and a clean stop.
+It runs unchanged under `python`, `accelerate launch` and `mpslaunch launch`: `Accelerator()`
+takes the device (mps, cuda or cpu), the precision and the processes from the launcher.
+`--data_dir` holds .jpg/.jpeg/.png files named like the Oxford-IIIT Pet set (`Label_Name_123.jpg`)
+or one sub-folder of images per class. Results: the eval accuracy after each epoch and
+`--output_dir`/metrics.json. examples/complete_cv_example.py adds checkpoints and a clean stop.
 """
 
 from __future__ import annotations
 
 import time
 
-STARTED_AT = time.time()  # metrics.json reports how long the imports and the first step took
+STARTED_AT = time.time()  # metrics.json reports how long the imports and the first step take
 
 import argparse
 import json
@@ -26,7 +25,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from accelerate import Accelerator
 from accelerate.utils import set_seed
@@ -37,7 +35,6 @@ from tqdm.auto import tqdm
 
 IMPORTS_DONE_AT = time.time()
 PROG = "cv_example"
-PET_NAME = re.compile(r"^(.+)_\d+$")  # a file name without its suffix: Label_Name_123
 
 
 class InputError(Exception):
@@ -45,46 +42,42 @@ class InputError(Exception):
 
 
 class UnreadableImage(InputError):
-    """Raised in a DataLoader worker, it comes back with the worker's traceback as its message."""
-
-    def __init__(self, message: str):
+    def __init__(self, message: str):  # from a DataLoader worker, the message is a traceback
         super().__init__(message.strip().splitlines()[-1].split("UnreadableImage: ")[-1])
 
 
-def is_image(path: Path) -> bool:
-    return path.suffix.lower() in (".jpg", ".jpeg", ".png") and not path.name.startswith(".") \
-        and path.is_file()
-
-
-def find_images(data_dir: Path) -> list[tuple[Path, str]]:
-    """(path, label) of every image: one sub-folder per class, else Pet-style file names."""
+def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
+    """The class names, then (path, class) of the training and of the evaluation images (80/20,
+    by the seed), from one sub-folder per class or else Pet-style file names."""
     if not data_dir.is_dir() or not any(data_dir.iterdir()):
         raise InputError(f"--data_dir {data_dir} is missing or empty; make a demo set with: "
                          f"python examples/make_demo_images.py {data_dir}")
-    entries = sorted(path for path in data_dir.iterdir() if not path.name.startswith("."))
-    samples = [(path, folder.name) for folder in entries if folder.is_dir()
-               for path in sorted(folder.rglob("*")) if is_image(path)]
-    samples = samples or [(path, match[1]) for path in entries if is_image(path)
-                          and (match := PET_NAME.match(path.stem))]
-    if len({label for _, label in samples}) < 2:
-        raise InputError(f"found images of {len({label for _, label in samples})} class(es) in "
-                         f"{data_dir}; it needs two or more, as Label_Name_123.jpg files or "
-                         "one sub-folder of images per class")
-    return samples
-
-
-def split_train_eval(samples: list, seed: int) -> tuple[list, list]:
-    shuffled = samples[:]
-    random.Random(seed).shuffle(shuffled)
-    eval_count = max(1, round(len(shuffled) * 0.2))
-    return shuffled[eval_count:], shuffled[:eval_count]
+    paths = sorted(path for path in data_dir.rglob("*") if path.is_file()  # not macOS `._*`:
+                   and not any(part.startswith(".") for part in path.relative_to(data_dir).parts)
+                   and path.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    samples = [(path, path.relative_to(data_dir).parts[0]) for path in paths
+               if path.parent != data_dir]
+    samples = samples or [(path, match[1]) for path in paths
+                          if (match := re.match(r"^(.+)_\d+$", path.stem))]
+    classes = sorted({label for _, label in samples})
+    if len(classes) < 2:
+        raise InputError(f"found images of {len(classes)} class(es) in {data_dir}; it needs two "
+                         "or more, as Label_Name_123.jpg files or one sub-folder per class")
+    samples = [(path, classes.index(label)) for path, label in samples]
+    random.Random(seed).shuffle(samples)
+    eval_count = max(1, round(len(samples) * 0.2))
+    return classes, samples[eval_count:], samples[:eval_count]
 
 
 class ImageFiles(Dataset):
-    """Image files decoded to uint8 (3, H, W) tensors and transformed (in DataLoader workers)."""
+    """(image, label): decoded in DataLoader workers, augmented as uint8 when training (random
+    crops of at least 35% of the picture, so small pictures keep their subject, and flips)."""
 
-    def __init__(self, samples: list[tuple[Path, int]], transform):
-        self.samples, self.transform = samples, transform
+    def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool):
+        self.samples, self.image_size = samples, image_size
+        self.transform = v2.Compose(
+            [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()]
+            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)])
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -99,21 +92,11 @@ class ImageFiles(Dataset):
         return self.transform(image), label
 
 
-def train_transform(size: int) -> v2.Compose:
-    # Crops of at least 35% of the picture: small pictures keep their subject.
-    return v2.Compose([v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True),
-                       v2.RandomHorizontalFlip()])
-
-
-def eval_transform(size: int) -> v2.Compose:
-    return v2.Compose([v2.Resize(round(size / 0.875), antialias=True), v2.CenterCrop(size)])
-
-
 def make_loader(dataset: Dataset, args, device: torch.device, **options) -> DataLoader:
     workers = args.num_workers
     if workers is None and device.type != "cpu":  # the CPU trains on all cores: decode in line
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        # The cores shared among this machine's processes, one each left to the training loop.
+        # The CPUs shared among this machine's processes, one each left to the training loop.
         workers = max(1, (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
     # Persistent workers start once (macOS spawns them: each imports torch again). Pinned
     # memory speeds copies to a CUDA device; MPS has none.
@@ -122,24 +105,19 @@ def make_loader(dataset: Dataset, args, device: torch.device, **options) -> Data
                       **options)
 
 
-def check_model(name: str, pretrained: bool) -> None:
+def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
     if name not in torchvision.models.list_models(module=torchvision.models):
         raise InputError(f"unknown --model {name!r}; use a torchvision classification model, "
                          "e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
     if not pretrained:
-        return
+        return torchvision.models.get_model(name, num_classes=num_classes)
     url = torchvision.models.get_model_weights(name).DEFAULT.url
     cached = Path(torch.hub.get_dir(), "checkpoints", url.rsplit("/", 1)[-1])
     if not cached.is_file():  # where torchvision looks before it downloads
         raise InputError(f"--pretrained: {cached} is missing and nothing is downloaded here; "
                          f"fetch the weights once with: python -c \"import torchvision; "
                          f"torchvision.models.get_model('{name}', weights='DEFAULT')\"")
-
-
-def build_model(name: str, num_classes: int, pretrained: bool) -> torch.nn.Module:
-    if not pretrained:
-        return torchvision.models.get_model(name, num_classes=num_classes)
-    model = torchvision.models.get_model(name, weights="DEFAULT")  # from the cache
+    model = torchvision.models.get_model(name, weights="DEFAULT")
     head, layer = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)][-1]
     model.set_submodule(head, torch.nn.Linear(layer.in_features, num_classes))
     return model
@@ -168,7 +146,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, total_steps: int):
 
 def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
     """One optimizer step; the loss stays on the device (reading it waits for the device)."""
-    loss = F.cross_entropy(model(normalize(images)), labels)
+    loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels)
     accelerator.backward(loss)
     optimizer.step()
     scheduler.step()
@@ -176,105 +154,71 @@ def train_step(accelerator, model, optimizer, scheduler, normalize, images, labe
     return loss.detach()
 
 
-@torch.no_grad()
-def evaluate(accelerator, model, normalize, loader) -> float:
-    model.eval()
-    correct = total = 0
-    for images, labels in loader:
-        predictions = model(normalize(images)).argmax(dim=1)
-        # All processes' predictions, less the samples repeated to even out the last batch.
-        predictions, labels = accelerator.gather_for_metrics((predictions, labels))
-        correct, total = correct + (predictions == labels).sum(), total + len(labels)
-    model.train()
-    return int(correct) / total
+def check_batch_size(args, train_count: int) -> None:
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, as Accelerator() reads it
+    if train_count // args.batch_size < processes:  # each needs a full batch
+        raise InputError(f"--batch_size {args.batch_size} x {processes} process(es) is more "
+                         f"than the {train_count} training images")
 
 
-class Speed:
-    """Training images/s of all processes, eval left out, and the progress bar's figures.
-    The first step is start-up (loading kernels, the first batch): it ends at first_step_at,
-    and the rate counts from there."""
-
-    def __init__(self):
-        self.images, self.seconds, self.first_step_at = 0, 0.0, None
-
-    def start_epoch(self) -> None:
-        self.started, self.epoch_images, self.shown_at = time.perf_counter(), 0, 0.0
-
-    def step(self, images: int, loss: torch.Tensor, bar: tqdm) -> None:
-        self.epoch_images += images
-        if self.first_step_at is None:
-            loss.item()  # waits for the device
-            self.first_step_at = time.time()
-            self.start_epoch()
-        if time.perf_counter() - self.shown_at > 1:  # loss.item() waits: not at every step
-            self.shown_at = time.perf_counter()
-            rate = self.epoch_images / max(self.shown_at - self.started, 1e-9)
-            bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
-
-    def end_epoch(self, loss: torch.Tensor | None) -> None:
-        if loss is not None:
-            loss.item()  # the epoch ends when the device is done
-        self.seconds += time.perf_counter() - self.started
-        self.images += self.epoch_images
-
-    @property
-    def images_per_second(self) -> float | None:
-        return self.images / self.seconds if self.seconds else None
-
-
-def train_epoch(accelerator, model, optimizer, scheduler, normalize, loader, speed: Speed,
-                description: str) -> None:
-    bar = tqdm(loader, desc=description, unit="step", dynamic_ncols=True,
-               disable=not accelerator.is_local_main_process)
-    speed.start_epoch()
-    for images, labels in bar:
-        loss = train_step(accelerator, model, optimizer, scheduler, normalize, images, labels)
-        speed.step(len(images) * accelerator.num_processes, loss, bar)
-    speed.end_epoch(loss)
-
-
-def make_accelerator(args: argparse.Namespace) -> Accelerator:
-    """--cpu and --mixed_precision count only when given: else the launcher's plan decides."""
-    options = {"cpu": True} if args.cpu else {}
-    if args.mixed_precision:
-        options["mixed_precision"] = args.mixed_precision
-    return Accelerator(**options)
-
-
-def train(args: argparse.Namespace, samples: list[tuple[Path, str]]) -> dict:
-    accelerator = make_accelerator(args)
-    device, normalize = accelerator.device, Normalize(accelerator.device)
-    classes = sorted({label for _, label in samples})
-    train_set, eval_set = split_train_eval([(p, classes.index(c)) for p, c in samples], args.seed)
-    train_loader = make_loader(ImageFiles(train_set, train_transform(args.image_size)), args,
-                               device, shuffle=True, drop_last=True)
-    eval_loader = make_loader(ImageFiles(eval_set, eval_transform(args.image_size)), args, device)
+def train(args) -> dict:
+    classes, train_set, eval_set = find_images(args.data_dir, args.seed)
     set_seed(args.seed)
     model = build_model(args.model, len(classes), args.pretrained)
+    check_batch_size(args, len(train_set))  # bad input is found before the device is touched
+    # cpu=False and mixed_precision=None are Accelerator()'s defaults: the launcher decides.
+    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+    device, normalize = accelerator.device, Normalize(accelerator.device)
     model = model.to(memory_format=normalize.memory_format)
-    # Steps counted before prepare() shares the batches out among the processes: the prepared
-    # schedule steps once per process at each step.
+    train_loader = make_loader(ImageFiles(train_set, args.image_size, train=True), args, device,
+                               shuffle=True, drop_last=True)
+    eval_loader = make_loader(ImageFiles(eval_set, args.image_size, train=False), args, device)
+    # Steps counted before prepare() shares the batches out: each process steps the schedule.
     optimizer, scheduler = make_optimizer(model, args.lr, args.num_epochs * len(train_loader))
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, scheduler, train_loader, eval_loader)
     accelerator.print(f"{PROG}: {len(train_set)} train / {len(eval_set)} eval images, "
                       f"{len(classes)} classes; {args.model} on {device.type}, mixed precision "
                       f"{accelerator.mixed_precision}, {accelerator.num_processes} process(es)")
-    speed, accuracies = Speed(), []
+    accuracies, trained_images, train_s, first_step_at = [], 0, 0.0, None
     for epoch in range(args.num_epochs):
-        train_epoch(accelerator, model, optimizer, scheduler, normalize, train_loader, speed,
-                    f"epoch {epoch + 1}/{args.num_epochs}")
-        accuracies.append(evaluate(accelerator, model, normalize, eval_loader))
+        bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{args.num_epochs}", unit="step",
+                   dynamic_ncols=True, disable=not accelerator.is_local_main_process)
+        started = shown_at = time.perf_counter()
+        for images, labels in bar:
+            loss = train_step(accelerator, model, optimizer, scheduler, normalize, images, labels)
+            if first_step_at is None:  # start-up (kernels loaded, the first batch): not timed
+                loss.item()  # waits for the device
+                first_step_at, started = time.time(), time.perf_counter()
+                continue
+            trained_images += len(images) * accelerator.num_processes
+            if time.perf_counter() - shown_at > 1:  # loss.item() waits: not at every step
+                shown_at = time.perf_counter()
+                rate = trained_images / (train_s + shown_at - started)
+                bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
+        loss.item()  # the epoch's time ends when the device is done
+        train_s += time.perf_counter() - started
+
+        model.eval()
+        correct = total = 0
+        with torch.no_grad():
+            for images, labels in eval_loader:
+                predictions = model(normalize(images)).argmax(dim=1)
+                # All processes' predictions, less the samples repeated to fill the last batch.
+                predictions, labels = accelerator.gather_for_metrics((predictions, labels))
+                correct, total = correct + (predictions == labels).sum(), total + len(labels)
+        model.train()
+        accuracies.append(int(correct) / total)
         accelerator.print(f"{PROG}: epoch {epoch + 1}: eval accuracy {accuracies[-1]:.4f}")
     accelerator.end_training()
     return {"eval_accuracy": accuracies[-1], "eval_accuracy_per_epoch": accuracies,
-            "train_images_per_second": speed.images_per_second,
-            "device": device.type, "mixed_precision": accelerator.mixed_precision,
+            "train_images_per_second": trained_images / train_s, "device": device.type,
+            "mixed_precision": accelerator.mixed_precision,
             "num_processes": accelerator.num_processes, "model": args.model,
             "image_size": args.image_size, "batch_size": args.batch_size,
             "train_images": len(train_set), "eval_images": len(eval_set),
             "started_at": STARTED_AT, "imports_s": IMPORTS_DONE_AT - STARTED_AT,
-            "first_step_s": speed.first_step_at - STARTED_AT}
+            "first_step_s": first_step_at - STARTED_AT}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -288,22 +232,19 @@ def make_parser(prog: str = PROG, description: str = __doc__) -> argparse.Argume
     add("--data_dir", type=Path, required=True, metavar="DIR",
         help="Label_Name_123.jpg files or one sub-folder of images per class")
     add("--output_dir", type=Path, default=Path("outputs", prog), metavar="DIR",
-        help="for the results (default: %(default)s)")
-    add("--model", default="resnet18",
-        help="a torchvision classification model, trained from scratch (default: %(default)s)")
+        help="(default: %(default)s)")
+    add("--model", default="resnet18", help="a torchvision classifier (default: %(default)s)")
     add("--pretrained", action="store_true", help="start from ImageNet weights in torch's cache")
-    add("--num_epochs", type=int, default=3, metavar="N", help="(default: %(default)s)")
-    add("--batch_size", type=int, default=64, metavar="N",
-        help="per process (default: %(default)s)")
-    add("--image_size", type=int, default=224, metavar="PX", help="(default: %(default)s)")
+    add("--num_epochs", type=int, default=3, help="(default: %(default)s)")
+    add("--batch_size", type=int, default=64, help="per process (default: %(default)s)")
+    add("--image_size", type=int, default=224, help="(default: %(default)s)")
     add("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
-    add("--num_workers", type=int, metavar="N", help="DataLoader workers per process (default: "
+    add("--num_workers", type=int, help="DataLoader workers per process (default: "
         "the CPUs / local processes - 1; 0 when training on the CPU)")
-    add("--seed", type=int, default=42,
-        help="fixes the split, the weights, the augmentation (default: %(default)s)")
+    add("--seed", type=int, default=42, help="fixes the split, the weights, the augmentation "
+        "(default: %(default)s)")
     add("--cpu", action="store_true", help="Accelerator(cpu=True), else the launcher's choice")
-    add("--mixed_precision", choices=("no", "fp16", "bf16"),
-        help="Accelerator(mixed_precision=...) (default: the launcher's choice)")
+    add("--mixed_precision", choices=("no", "fp16", "bf16"), help="(default: the launcher's)")
     return parser
 
 
@@ -317,23 +258,11 @@ def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | 
     return args
 
 
-def check_batch_size(batch_size: int, samples: list, seed: int) -> None:
-    """Every process needs a full batch (a smaller last one is dropped)."""
-    train_count = len(split_train_eval(samples, seed)[0])
-    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, as Accelerator() reads it
-    if train_count // batch_size < processes:
-        raise InputError(f"--batch_size {batch_size} x {processes} process(es) is more than the "
-                         f"{train_count} training images")
-
-
 def main(argv: list[str] | None = None) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's: one process reports bad input
     try:
         args = parse_args(argv)
-        samples = find_images(args.data_dir)  # cheap checks before any device is touched
-        check_model(args.model, args.pretrained)
-        check_batch_size(args.batch_size, samples, args.seed)
-        metrics = train(args, samples)
+        metrics = train(args)
     except InputError as error:
         if main_rank or isinstance(error, UnreadableImage):  # each process decodes its own
             print(f"{PROG}: error: {error}", file=sys.stderr)
