@@ -316,6 +316,10 @@ def report(rows: list[dict]) -> str:
             f"{r['data_images_per_second']:>10,.0f} {r['data_over_pure']:>9.2f} "
             f"{r['launch_to_first_step_s']:>7.1f}s {r['imports_s']:>6.1f}s "
             f"{r['after_imports_s']:>5.1f}s")
+        if len(r["all_end_to_end"]) > 1:  # the table keeps the best; the spread matters too
+            end_to_end, pure = (", ".join(f"{x:,.0f}" for x in r[key])
+                                for key in ("all_end_to_end", "all_pure"))
+            lines.append(f"  every run: end to end {end_to_end}; pure step {pure}")
     lines.append("ratio: end-to-end training images/s / pure step rate; data: the example's "
                  "data pipeline alone (its train_step replaced by nothing); 1st step: seconds "
                  "from the launch command to the end of the first step, of which imports: the "
