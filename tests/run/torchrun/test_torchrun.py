@@ -207,6 +207,47 @@ dist.destroy_process_group()
     assert met == ["MET 0 2 3.0", "MET 1 2 3.0"]
 
 
+def test_a_run_that_ends_first_leaves_another_runs_ranks_on_this_host_alone(tmp_path):
+    """Two two-machine runs on one host (all four launchers here): run a ends while run b's
+    ranks still work, and cleans up only what it started itself. The runs take turns with
+    their gloo groups (files say when), as two gloo jobs at once on one host can meet."""
+    script = write_script(tmp_path, "rank.py", """
+import pathlib, sys, time, torch.distributed as dist
+run, folder = sys.argv[1], pathlib.Path(sys.argv[2])
+def wait_for(name):
+    while not all((folder / f"{name}.{rank}").exists() for rank in (0, 1)):
+        time.sleep(0.1)
+if run == "b":
+    wait_for("a_done_with_gloo")
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.destroy_process_group()
+if run == "a":
+    (folder / f"a_done_with_gloo.{rank}").touch()
+    wait_for("b_done_with_gloo")  # then run a ends, while run b's ranks sleep
+else:
+    (folder / f"b_done_with_gloo.{rank}").touch()
+    time.sleep(5)
+print("DONE", rank, flush=True)
+""")
+
+    def two_machines(run: str) -> list[subprocess.Popen]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        return [subprocess.Popen(
+            [sys.executable, "-m", "mpslaunch", "launch", "--cpu", "--num_machines", "2",
+             "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+             "--main_process_port", str(port), str(script), run, str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+
+    launchers = two_machines("a") + two_machines("b")
+    outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0, 0, 0, 0], outputs
+    assert [out.splitlines() for out, _ in outputs] == [[f"[rank{rank}] DONE {rank}"]
+                                                        for rank in (0, 1, 0, 1)]
+
+
 # ---------------------------------------------------------------- failures
 
 

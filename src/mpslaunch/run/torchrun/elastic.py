@@ -22,7 +22,7 @@ from typing import Iterator, Mapping
 
 from mpslaunch.errors import MpslaunchError, error_line
 from mpslaunch.plan import LaunchPlan
-from mpslaunch.run.processes import RUN_MARKER, exit_code
+from mpslaunch.run.processes import RUN_MARKER, exit_code, new_run_id
 from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
 from mpslaunch.run.torchrun.gate import Gate
 from mpslaunch.run.torchrun.console import whole_rank_lines
@@ -94,9 +94,11 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 
 def run(plan: LaunchPlan, grace_seconds: float) -> int:
     """Run the plan through torch's elastic agent; return the launcher's exit code."""
-    rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
-    env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: rendezvous.run_id}
-    started = time.time()
+    rendezvous = _new_rendezvous(plan)
+    # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
+    # some of which may share this host.
+    run_id, started = new_run_id(), time.time()
+    env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
     with LauncherSignals(grace_seconds) as signals, adopt_orphans(), _LogFolder(plan.log_dir) as logs:
         try:
@@ -106,7 +108,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
             _say(stop.summary or stopped_summary(stop.signum))
         finally:
             signals.quiet()
-            sweep(rendezvous.run_id, started)
+            sweep(run_id, started)
     # The launcher is about to exit: with torch loaded, the interpreter's last garbage collection
     # makes that exit slow, and nothing of the launcher's waits on it.
     gc.freeze()
@@ -122,9 +124,8 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
                  plan.settings.rdzv_timeout, _say).wait(store)
         elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
-        args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
-        config, entrypoint, entry_args = elastic.run.config_from_args(args)
-        config.log_line_prefix_template = LINE_PREFIX  # whatever this torch reads it from
+        args, config, entrypoint, entry_args = _elastic_config(elastic, plan, rendezvous, port,
+                                                               logs)
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
         attempts = Attempts(plan.settings.max_restarts, _say)
@@ -156,17 +157,29 @@ def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> 
     rendezvous, store and environment as run(); torch's own errors (ChildFailedError) propagate.
     Returns each of this machine's ranks' return value, by global rank."""
     _check_torch_distributed()
-    rendezvous = rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
+    rendezvous = _new_rendezvous(plan)
     env = launcher_environment(plan, rendezvous, os.environ)
     with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(plan, rendezvous) as (port, _), \
             _LogFolder(plan.log_dir) as logs:
         elastic = _Elastic()
-        args_given = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
-        config, _, _ = elastic.run.config_from_args(args_given)
-        config.log_line_prefix_template = LINE_PREFIX
+        _, config, _, _ = _elastic_config(elastic, plan, rendezvous, port, logs)
         config.start_method = start_method
         with whole_rank_lines():
             return dict(sorted(elastic.launch(config, function)(*args).items()))
+
+
+def _new_rendezvous(plan: LaunchPlan) -> Rendezvous:
+    return rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
+
+
+def _elastic_config(elastic: "_Elastic", plan: LaunchPlan, rendezvous: Rendezvous, port: int,
+                    logs: "_LogFolder"):
+    """torch.distributed.run's own parsing of the command line this plan makes: (args, config,
+    entrypoint, entrypoint's args), the config with mpslaunch's rank prefix."""
+    args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
+    config, entrypoint, entry_args = elastic.run.config_from_args(args)
+    config.log_line_prefix_template = LINE_PREFIX  # whatever this torch reads it from
+    return args, config, entrypoint, entry_args
 
 
 class _Elastic:
