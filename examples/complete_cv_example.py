@@ -277,11 +277,11 @@ class Training:
         model.eval()
         correct = total = 0
         for images, labels, indices in self.eval_loader:
+            self.unreadable[1][indices] = labels == UNREADABLE  # skipped_images() adds them up
             predictions = model(self.normalize(images)).argmax(dim=1)
             # All processes' predictions, less the samples repeated to fill the last batch.
-            predictions, labels, indices = a.gather_for_metrics((predictions, labels, indices))
-            self.unreadable[1][indices] = labels == UNREADABLE
-            correct += ((predictions == labels) & (labels != UNREADABLE)).sum()
+            predictions, labels = a.gather_for_metrics((predictions, labels))
+            correct += (predictions == labels).sum()  # never for UNREADABLE: no class is -100
             total += (labels != UNREADABLE).sum()
         model.train()
         self.position.eval_accuracies.append(int(correct) / max(1, int(total)))
@@ -353,8 +353,10 @@ class Training:
 
 
 def checkpointing_steps(text: str) -> str | int:
-    if text == "epoch" or (text.isdigit() and int(text) > 0):
-        return text if text == "epoch" else int(text)
+    if text == "epoch":
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
     raise ValueError(text)  # argparse: "invalid checkpointing_steps value: ..."
 
 
