@@ -18,7 +18,7 @@ import sys
 from dataclasses import fields
 
 from mpslaunch import profile as profiles
-from mpslaunch.commands.launch import check_target, execute, probe_for
+from mpslaunch.commands.launch import announce, check_target, execute, probe_for
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
 from mpslaunch.run.single import DEFAULT_GRACE_SECONDS
@@ -39,7 +39,7 @@ def launch(target, *args, profile: str | None = None, config_file: str | None = 
     plan = resolve(loaded, request, probe_for(loaded, request, quiet), os.environ)
     if function is None:
         check_target(request)
-    _announce(plan, quiet)
+    announce(plan, quiet)
     if function is None:
         return execute(plan, grace_period)
     if plan.engine == "single":
@@ -56,13 +56,6 @@ def _check_options(options: dict) -> None:
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise MpslaunchError(f"mpslaunch.launch() has no option {name!r}{hint}; it takes "
                                  "launch's options under their Python names, profile= and config_file=")
-
-
-def _announce(plan: LaunchPlan, quiet: bool) -> None:
-    for warning in plan.warnings:
-        print(f"mpslaunch: warning: {warning}", file=sys.stderr)
-    if not quiet:
-        print(plan.summary(), file=sys.stderr, flush=True)
 
 
 def _call_here(plan: LaunchPlan, function, args: tuple):

@@ -164,12 +164,19 @@ def _cut(text: str, limit: int = 80) -> str:
 def load(path: Path) -> Profile:
     """Read and check one profile file. Every problem is an MpslaunchError naming file and line.
     A file that `accelerate config` wrote is read as the profile it means (accelerate_config)."""
+    return read(path)[0]
+
+
+def read(path: Path):
+    """(the profile, the Accelerate translation or None): load(), with what an Accelerate file
+    was translated from, so that nothing reads the file twice."""
     text = _read_text(path)
     document = _parse(text, path)
     if _written_by_accelerate(document):
         from mpslaunch import accelerate_config  # it imports this module
 
-        return accelerate_config.translate(_construct(document, path), path).profile
+        translation = accelerate_config.translate(_construct(document, path), path)
+        return translation.profile, translation
     values = {}
     for key_node, value_node in document.value:
         key = key_node.value
@@ -188,7 +195,7 @@ def load(path: Path) -> Profile:
     problem = check_profile(profile)
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
-    return profile
+    return profile, None
 
 
 def read_accelerate(path: Path) -> dict | None:
@@ -360,7 +367,13 @@ def profile_path(config_file: str | None = None, profile_name: str | None = None
 
 def load_active(config_file: str | None = None, profile_name: str | None = None) -> tuple[Profile, Path | None]:
     """The profile in force and its file: an explicit one must exist; a missing default means defaults."""
+    return read_active(config_file, profile_name)[:2]
+
+
+def read_active(config_file: str | None = None, profile_name: str | None = None):
+    """load_active(), and the Accelerate translation when the file is an Accelerate config."""
     path = profile_path(config_file, profile_name)
     if config_file or profile_name or path.exists():
-        return load(path), path
-    return Profile(), None
+        profile, translation = read(path)
+        return profile, path, translation
+    return Profile(), None, None

@@ -187,11 +187,11 @@ def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
 
 
 def show(config_file: str | None, profile_name: str | None, machine: Machine) -> str:
-    profile, path = profiles.load_active(config_file, profile_name)
+    profile, path, translation = profiles.read_active(config_file, profile_name)
     if path is None:
         where = profiles.profile_path(config_file, profile_name)
         head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
-    elif accelerate_config.load(path):
+    elif translation:
         head = f"# {path}: an Accelerate config file, read as this profile"
     else:
         head = f"# {path}"

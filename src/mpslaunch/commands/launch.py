@@ -110,10 +110,10 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.grace_period <= threading.TIMEOUT_MAX:  # also refuses nan
         raise MpslaunchError(f"--grace_period must be from 0 to {threading.TIMEOUT_MAX:.0f} "
                              f"seconds, not {args.grace_period}")
-    profile, path = profiles.load_active(args.config_file, args.profile)
+    profile, path, translation = profiles.read_active(args.config_file, args.profile)
     machine = probe_for(profile, request, quiet=args.quiet)
     plan = resolve(profile, request, machine, os.environ)
-    note = accelerate_note(path, machine) if path and not args.quiet else None
+    note = accelerate_note(path, translation, machine) if translation and not args.quiet else None
     if note:
         print(note, file=sys.stderr)
     if args.dry_run:
@@ -121,18 +121,21 @@ def main(args: argparse.Namespace) -> int:
         if machine.is_mac:
             print(f"mps check:       {mps_check_text(machine)}")
         return 0
-    for warning in plan.warnings:
-        print(f"mpslaunch: warning: {warning}", file=sys.stderr)
-    if not args.quiet:
-        print(plan.summary(), file=sys.stderr, flush=True)
+    announce(plan, quiet=args.quiet)
     return execute(plan, args.grace_period)
 
 
-def accelerate_note(path: Path, machine: Machine) -> str | None:
-    """One line when the profile file is an Accelerate config, read as the profile it means."""
-    translation = accelerate_config.load(path)
-    if translation is None:
-        return None
+def announce(plan: LaunchPlan, quiet: bool = False, stream=None) -> None:
+    """The plan's warnings on stderr, then (unless quiet) its one-line summary on `stream`."""
+    for warning in plan.warnings:
+        print(f"mpslaunch: warning: {warning}", file=sys.stderr)
+    if not quiet:
+        print(plan.summary(), file=stream or sys.stderr, flush=True)
+
+
+def accelerate_note(path: Path, translation: accelerate_config.Translation,
+                    machine: Machine) -> str:
+    """One line for a profile file that is an Accelerate config, read as the profile it means."""
     note = f"mpslaunch: note: {path} was read as an Accelerate config file"
     if translation.basic_cpu and mps_problem(machine) is None:
         note += ("; its use_cpu: true is what `accelerate config default` writes on every Mac "

@@ -60,9 +60,7 @@ def main(args: argparse.Namespace) -> int:
         raise MpslaunchError("--timeout must be above 0 seconds")
     with tempfile.TemporaryDirectory(prefix="mpslaunch-test-") as report_dir:
         plan = resolve_plan(args, report_dir)
-        for warning in plan.warnings:
-            print(f"mpslaunch: warning: {warning}", file=sys.stderr)
-        print(plan.summary(), file=sys.stderr if args.json else sys.stdout, flush=True)
+        launch.announce(plan, stream=sys.stderr if args.json else sys.stdout)
         # The child's code is not the verdict: the reports are (a crash leaves none).
         child_code = launch.execute(plan, grace_seconds=5.0)
         outcomes = collect(Path(report_dir), plan.num_processes, child_code)
