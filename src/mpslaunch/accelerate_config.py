@@ -178,15 +178,7 @@ def _is_basic_cpu(config: Mapping[str, object]) -> bool:
                                                for key, value in rest.items())
 
 
-# ---------------------------------------------------------------- the file
-
-
-def load(path: Path) -> Translation | None:
-    """The translation of the Accelerate config at `path`; None when it is an mpslaunch profile."""
-    from mpslaunch.profile import read_accelerate  # read with the profile reader's limits and checks
-
-    config = read_accelerate(path)
-    return None if config is None else translate(config, path)
+# ---------------------------------------------------------------- Accelerate's default file
 
 
 def default_config_path(environ: Mapping[str, str] = os.environ) -> Path:

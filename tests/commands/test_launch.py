@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli, write_script
-from mpslaunch import profile as profiles
+from mpslaunch import profile_files
 from mpslaunch.profile import Profile
 
 REPORT_ENV = """
@@ -99,7 +99,7 @@ def test_module_target(tmp_path):
 
 
 def test_default_profile_is_used_and_flags_beat_it(tmp_path, isolated_config_dir):
-    profiles.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "default.yaml")
+    profile_files.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "default.yaml")
     script = write_script(tmp_path, "report.py", REPORT_ENV)
     env = json.loads(run_cli("launch", "-q", str(script)).stdout)["env"]
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
@@ -108,8 +108,8 @@ def test_default_profile_is_used_and_flags_beat_it(tmp_path, isolated_config_dir
 
 
 def test_named_profile_and_config_file(tmp_path, isolated_config_dir):
-    profiles.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "fast.yaml")
-    profiles.save(Profile(device="cpu"), tmp_path / "mine.yaml")
+    profile_files.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "fast.yaml")
+    profile_files.save(Profile(device="cpu"), tmp_path / "mine.yaml")
     script = write_script(tmp_path, "report.py", REPORT_ENV)
     named = json.loads(run_cli("launch", "-q", "--profile", "fast", str(script)).stdout)["env"]
     assert named["MPSLAUNCH_MIXED_PRECISION"] == "bf16"

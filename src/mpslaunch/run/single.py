@@ -20,12 +20,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.options import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
                                      kill_group, kill_marked, linux_prctl, new_run_id,
                                      warm_process_table)
 from mpslaunch.run.tee import Tee
-
-DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
