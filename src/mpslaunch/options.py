@@ -130,11 +130,9 @@ class Option:
         return self.check(value) if self.check else None
 
     def parse(self, text: str) -> object:
-        """The value a command-line word stands for; ValueError with the option's own words."""
-        try:
-            value = text if self.kind is str else self.kind(text)
-        except ValueError:
-            raise ValueError(f"{self.spelling} must be {self.kind.__name__}, not {cut(repr(text))}") from None
+        """The value a command-line word stands for (ValueError when it stands for none), checked:
+        ValueError("--name why") when the table refuses it."""
+        value = text if self.kind is str else self.kind(text)
         problem = self.problem(value)
         if problem:
             raise ValueError(f"{self.spelling} {problem}")

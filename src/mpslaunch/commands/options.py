@@ -51,11 +51,15 @@ def _default_text(option: Option) -> str:
 
 
 def _parser_of(option: Option):
+    """argparse's type= for the option: its own words for a word that is no number ("invalid
+    int value"), the table's words for a value the table refuses."""
     def parse(text: str) -> object:
         try:
             return option.parse(text)
         except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
+            if str(error).startswith(option.spelling):
+                raise argparse.ArgumentTypeError(str(error)) from None
+            raise
 
     parse.__name__ = option.kind.__name__  # argparse names the type in some messages
     return parse
