@@ -10,7 +10,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from mpslaunch import profile as profiles, profile_files
+from mpslaunch import options, profile as profiles, profile_files
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.profile import Profile
 
@@ -153,20 +153,20 @@ def test_active_profile(isolated_config_dir):
 
 valid_profiles = st.builds(
     Profile,
-    device=st.sampled_from(profiles.DEVICES),
-    mixed_precision=st.sampled_from(profiles.PRECISIONS),
+    device=st.sampled_from(options.DEVICES),
+    mixed_precision=st.sampled_from(options.PRECISIONS),
     num_processes=st.integers(1, 1024),
     num_machines=st.just(1),
     machine_rank=st.just(0),
     main_process_ip=st.none() | st.from_regex(r"[a-z0-9.\-]{1,30}", fullmatch=True),
     main_process_port=st.integers(0, 65535),
-    rdzv_backend=st.sampled_from(profiles.RDZV_BACKENDS),
+    rdzv_backend=st.sampled_from(options.RDZV_BACKENDS),
     max_restarts=st.integers(0, 100),
     mps_fallback=st.booleans(),
     mps_memory_cap=st.none() | st.floats(0.0, 2.0),
     gpu_ids=st.none() | st.just("all") | st.from_regex(r"\d(,\d){0,3}", fullmatch=True),
-    dynamo_backend=st.sampled_from(profiles.DYNAMO_BACKENDS),
-    dynamo_mode=st.sampled_from(profiles.DYNAMO_MODES),
+    dynamo_backend=st.sampled_from(options.DYNAMO_BACKENDS),
+    dynamo_mode=st.sampled_from(options.DYNAMO_MODES),
     dynamo_use_fullgraph=st.booleans(),
     debug=st.booleans(),
 )

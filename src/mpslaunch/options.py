@@ -38,44 +38,34 @@ PLAN, MACHINES, ACCELERATOR, OUTPUT, RUN = (
 # ---------------------------------------------------------------- checks of a value of the right type
 
 
+def rule(holds: Callable[[object], bool], wording: str) -> Callable[[object], str | None]:
+    """A check: None when `holds(value)`, else `wording` with {value} (or {quoted}) filled in."""
+    return lambda value: None if holds(value) else wording.format(value=value, quoted=quoted(value))
+
+
 def at_least(low: int) -> Callable[[object], str | None]:
-    return lambda value: None if value >= low else f"must be {low} or more, not {value}"
+    return rule(lambda value: value >= low, f"must be {low} or more, not {{value}}")
 
 
-def _port(value: int) -> str | None:
-    if 0 <= value <= 65535:
-        return None
-    return f"must be a TCP port from 1 to 65535, or 0 to pick a free one, not {value}"
+def seconds(low: float, high: float, above: bool = False) -> Callable[[object], str | None]:
+    """A number of seconds in (low, high] when `above`, else in [low, high]; nan never holds."""
+    if above:
+        return rule(lambda value: low < value <= high,
+                    f"must be a number of seconds above {low:g} (at most {high:.0f}), not {{value:g}}")
+    return rule(lambda value: low <= value <= high,
+                f"must be a number of seconds from {low:g} to {high:.0f}, not {{value:g}}")
 
 
-def _memory_cap(value: float) -> str | None:
-    if 0.0 <= value <= MPS_WATERMARK_MAX:
-        return None
-    return (f"must be from 0.0 (no limit) to {MPS_WATERMARK_MAX} (a multiple of the GPU's "
-            f"recommended working set; torch rejects more), not {value}")
-
-
-def _gpu_ids(value: str) -> str | None:
-    if re.fullmatch(r"all|\d+(,\d+)*", value):
-        return None
-    return f"must be GPU numbers separated by commas, such as 0,1, or all, not{quoted(value)}"
-
-
-def _version(value: int) -> str | None:
-    if 1 <= value <= PROFILE_VERSION:
-        return None
-    return (f"is {value}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
-            "upgrade mpslaunch or write the profile again with `mpslaunch config`")
-
-
-def seconds_from(low: float, high: float, above: bool = False) -> Callable[[float], str | None]:
-    """A number of seconds in (low, high] when `above`, else [low, high]; nan is refused."""
-    def problem(value: float) -> str | None:
-        if (low < value if above else low <= value) and value <= high:
-            return None
-        return (f"must be a number of seconds {'above' if above else 'from'} {low:g} "
-                f"{'(at most' if above else 'to'} {high:.0f}{')' if above else ''}, not {value:g}")
-    return problem
+_port = rule(lambda value: 0 <= value <= 65535,
+             "must be a TCP port from 1 to 65535, or 0 to pick a free one, not {value}")
+_memory_cap = rule(lambda value: 0.0 <= value <= MPS_WATERMARK_MAX,
+                   f"must be from 0.0 (no limit) to {MPS_WATERMARK_MAX} (a multiple of the GPU's "
+                   "recommended working set; torch rejects more), not {value}")
+_gpu_ids = rule(lambda value: re.fullmatch(r"all|\d+(,\d+)*", value) is not None,
+                "must be GPU numbers separated by commas, such as 0,1, or all, not{quoted}")
+_version = rule(lambda value: 1 <= value <= PROFILE_VERSION,
+                f"is {{value}}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
+                "upgrade mpslaunch or write the profile again with `mpslaunch config`")
 
 
 # ---------------------------------------------------------------- the table
@@ -170,7 +160,7 @@ OPTIONS = (
     Option("max_restarts", int, "restarts of the worker group after a failure", default=0,
            check=at_least(0), profile=True, metavar="RESTARTS", group=MACHINES, accelerate=True),
     Option("monitor_interval", float, "how often torch checks the ranks",
-           check=seconds_from(0, 3600, above=True), metavar="SECONDS", group=MACHINES,
+           check=seconds(0, 3600, above=True), metavar="SECONDS", group=MACHINES,
            shown_default="0.1", accelerate=True),
     # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on the CPU.
     Option("mps_fallback", bool, default=True, profile=True, flag=None, request=False),
@@ -208,7 +198,7 @@ OPTIONS = (
     Option("config_file", str, "a profile file anywhere (or an Accelerate config file)",
            metavar="PATH", group=OUTPUT, request=False, shown_default="none", accelerate=True),
     Option("grace_period", float, "after Ctrl-C or SIGTERM, how long the script may take to stop",
-           default=DEFAULT_GRACE_SECONDS, check=seconds_from(0, threading.TIMEOUT_MAX),
+           default=DEFAULT_GRACE_SECONDS, check=seconds(0, threading.TIMEOUT_MAX),
            metavar="SECONDS"),
     Option("dry_run", bool, "print the plan and run nothing", default=False, request=False),
     Option("module", bool, "the target is a module name, run as python -m", default=False,

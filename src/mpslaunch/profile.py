@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mpslaunch.options import (  # noqa: F401  (the schema's names, for the profile's readers)
-    BY_NAME, DEVICES, DYNAMO_BACKENDS, DYNAMO_MODES, MPS_WATERMARK_MAX, PRECISIONS, PROFILE_OPTIONS,
-    PROFILE_VERSION, RDZV_BACKENDS, RDZV_TIMEOUT, dataclass_of)
+from mpslaunch.options import BY_NAME, PROFILE_OPTIONS, dataclass_of
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
 

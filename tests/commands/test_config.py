@@ -22,7 +22,7 @@ from prompt_toolkit.output import DummyOutput
 
 from mpslaunch.commands import config as configure
 from mpslaunch import profile_files
-from conftest import MACHINES
+from conftest import MACHINES, run_cli, wait_for
 from mpslaunch.machine import Machine, probe
 from mpslaunch.profile import Profile
 
@@ -31,12 +31,6 @@ M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M
 LINUX_CPU = Machine(system="Linux", arch="x86_64", torch_version="2.14.1", cpu_count=4,
                     python="/usr/bin/python3")
 EXISTING = "# hand-edited, keep me\nversion: 1\ndevice: cpu\nnum_processes: 2\n"
-
-
-def run_cli(*args: str, config_dir: Path, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(config_dir)}
-    return subprocess.run([sys.executable, "-m", "mpslaunch", *args], capture_output=True, text=True,
-                          env=env, stdin=stdin, timeout=60)
 
 
 def default_here() -> Profile:
@@ -233,13 +227,14 @@ class Tmux:
         return self.tmux("capture-pane", "-p", "-t", "t")
 
     def wait_for(self, text: str, timeout: float = 20.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if text in screen:
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} never appeared; the screen:\n{self.screen()}")
+        """The screen once it shows `text`."""
+        screen = wait_for(lambda: self._showing(text), timeout)
+        assert screen, f"{text!r} never appeared; the screen:\n{self.screen()}"
+        return screen
+
+    def _showing(self, text: str) -> str | None:
+        screen = self.screen()
+        return screen if text in screen else None
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "t", *keys)

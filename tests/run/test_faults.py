@@ -28,7 +28,8 @@ import psutil
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import run_cli, write_script
+import conftest
+from conftest import file_line, run_cli, wait_for, write_script
 from mpslaunch import profile_files
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.profile import Profile
@@ -62,12 +63,8 @@ def processes_of_run(marker: str) -> list[psutil.Process]:
 
 def survivors(marker: str, settle: float = 10.0) -> list[str]:
     """Processes of the run still alive once it has had `settle` seconds to go away."""
-    deadline = time.monotonic() + settle
-    while True:
-        left = processes_of_run(marker)
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    wait_for(lambda: not processes_of_run(marker), settle)
+    left = processes_of_run(marker)
     described = []
     for process in left:
         try:
@@ -85,14 +82,6 @@ def kill_run(marker: str) -> None:
             pass
 
 
-def wait_for(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or not path.read_text().endswith("\n"):
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-    return path.read_text()
-
-
 def no_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -104,12 +93,7 @@ def start_launcher(marker: str, *args: str, cwd: Path | None = None) -> subproce
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr[-2000:]
-    assert len(lines[0]) <= LONGEST_MESSAGE, lines[0][:300]
-    return lines[0]
+    return conftest.one_line_error(result, longest=LONGEST_MESSAGE)
 
 
 @pytest.fixture
@@ -164,12 +148,12 @@ def test_signal_to_the_launcher_ends_the_whole_run(tmp_path, marker, signum, mod
     killed too, no process of the run is left."""
     script = write_script(tmp_path, "wait.py", SPAWN_AND_WAIT)
     launcher = start_launcher(marker, "--cpu", "-q", str(script), str(tmp_path), mode, cwd=tmp_path)
-    wait_for(tmp_path / "ready")
+    file_line(tmp_path / "ready")
     launcher.send_signal(signum)
     _, stderr = launcher.communicate(timeout=30)
     if mode == "handled":
         assert launcher.returncode == 7
-        assert wait_for(tmp_path / "got").strip() == signal.Signals(signum).name
+        assert file_line(tmp_path / "got").strip() == signal.Signals(signum).name
         assert stderr == ""
     else:
         assert launcher.returncode == 128 + signum  # SIGUSR1/2 too: their default action kills
@@ -190,7 +174,7 @@ def test_child_and_helper_ignoring_signals_are_killed_after_the_grace_period(tmp
     ready = tmp_path / "ready"
     script = write_script(tmp_path, "stubborn.py", STUBBORN)
     launcher = start_launcher(marker, "--cpu", "-q", "--grace_period", str(grace), str(script), str(ready))
-    wait_for(ready)
+    file_line(ready)
     started = time.monotonic()
     for number, signum in enumerate(signals):
         if number:
@@ -224,13 +208,10 @@ open(sys.argv[1], "w").write(f"{os.getpid()}\\n")
 time.sleep(120)
 """)
     launcher = start_launcher(marker, "--cpu", "-q", str(script), str(tmp_path / "ready"))
-    child_pid = int(wait_for(tmp_path / "ready"))
+    child_pid = int(file_line(tmp_path / "ready"))
     launcher.kill()
     launcher.communicate(timeout=30)
-    deadline = time.monotonic() + 10
-    while _alive(child_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child_pid)
+    assert wait_for(lambda: not _alive(child_pid), 10)
 
 
 def test_helpers_in_sessions_of_their_own_are_killed_after_a_normal_exit(tmp_path, marker):
@@ -331,7 +312,7 @@ def in_process(tmp_path: Path, argv: list[str], marker: str | None = None, send:
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if send is not None:
         for path in ready if isinstance(ready, list) else [ready]:
-            wait_for(path, timeout=60)
+            file_line(path, seconds=60)
         harness.send_signal(send)
     stdout, stderr = harness.communicate(timeout=120)
     assert harness.returncode == 0, stderr[-3000:]
@@ -358,7 +339,7 @@ def test_after_a_signal_the_launcher_process_is_as_it_was(tmp_path, marker, sign
     report = in_process(tmp_path, ["launch", "--cpu", "-q", str(script), str(tmp_path), "handled"],
                         marker=marker, send=signum, ready=tmp_path / "ready")
     assert report["codes"] == [7]
-    assert wait_for(tmp_path / "got").strip() == signal.Signals(signum).name
+    assert file_line(tmp_path / "got").strip() == signal.Signals(signum).name
     assert report["children_after"] == []
     assert report["after"]["handlers"] == report["before"]["handlers"]
     assert report["after"]["fds"] == report["before"]["fds"]

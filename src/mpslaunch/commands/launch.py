@@ -22,7 +22,7 @@ run through torch.distributed.run. Everything after the script belongs to the sc
 
 examples:
   mpslaunch launch train.py --epochs 3
-  mpslaunch launch --dry-run train.py            print the plan, run nothing
+  mpslaunch launch --dry_run train.py            print the plan, run nothing
   mpslaunch launch --cpu --num_processes 2 train.py
 """
 

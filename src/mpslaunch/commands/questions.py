@@ -14,10 +14,10 @@ from typing import Callable
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, with_addresses
-from mpslaunch.options import LaunchOptions
 from mpslaunch.plan import (choose_device, cuda_problem, decide, main_address_problem,
                            most_processes, mps_problem, precision_refusal, processes_problem)
-from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile, check_value
+from mpslaunch.options import PRECISIONS, RDZV_BACKENDS, LaunchOptions
+from mpslaunch.profile import Profile, check_profile, check_value
 from mpslaunch.run.torchrun.args import DEFAULT_PORT
 
 _NO_FLAGS = LaunchOptions()  # the questions plan with the profile alone, as `launch` with no flags
