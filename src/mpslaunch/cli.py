@@ -101,7 +101,9 @@ def build_parser(command: str | None) -> OneLineParser:
     parser = OneLineParser(prog="mpslaunch", description=description,
                            epilog=f"{examples}\n\n{EPILOG}")
     parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    # prog given: argparse would otherwise build a help formatter (and import shutil) to find it.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                     prog="mpslaunch")
     if command in COMMANDS:
         # Only the chosen command: building a parser per command costs time on every launch.
         module_name, help_text = COMMANDS[command]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field, make_dataclass
-from typing import Callable
+from collections.abc import Callable
 
 PROFILE_VERSION = 1
 DEVICES = ("auto", "mps", "cuda", "cpu")

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -50,6 +48,9 @@ def _check_module(name: str) -> None:
 
 
 def _module_exists(name: str, search_path: list[str]) -> bool:
+    import importlib.machinery  # only with -m
+    import importlib.util
+
     parts = name.split(".")
     if not all(part.isidentifier() for part in parts):
         return False

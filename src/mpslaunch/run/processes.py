@@ -5,7 +5,7 @@ Every process of a run carries RUN_MARKER=<the run's id> in its environment, inh
 child the launcher starts; after the run, whatever still carries it is killed, wherever it went
 (its own session, reparented to init or launchd). psutil reads the environments on Linux and
 macOS alike (on macOS not those of Apple's own signed programs: docs/mps-facts.md: Training on a
-Mac). psutil is imported only when used: it costs ~15 ms.
+Mac). psutil is imported only when used, after the child has started.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def new_run_id() -> str:
 
 def warm_process_table() -> None:
     """Import psutil and read the process table once while the child runs: psutil keeps what it
-    read, so the scan after the run reads only what is new (~25 ms moved off the launcher's exit)."""
+    read, so the scan after the run reads only what is new and the launcher exits sooner."""
     import psutil
 
     for _ in psutil.process_iter():
