@@ -13,7 +13,6 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mpslaunch import accelerate_config
 from mpslaunch.accelerate_config import Translation
@@ -21,8 +20,8 @@ from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import cut
 from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
 
-if TYPE_CHECKING:  # for annotations only: yaml is imported where a profile is read
-    import yaml
+# yaml is imported where a profile is read or written (a launch without a profile file never
+# needs it); the annotations that name it are never evaluated.
 
 MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to parse a huge file
 

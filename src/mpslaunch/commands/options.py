@@ -8,6 +8,8 @@ Options take Accelerate's spelling (--num_processes) and, silently, the dash for
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from mpslaunch.options import BY_NAME, LaunchRequest, Option, REQUEST_OPTIONS
 
@@ -75,6 +77,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help for people: one spelling per option (the dash form of an underscore option is
     accepted but not shown), and a one-line usage: `PROG [options] POSITIONALS`."""
 
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None):
+        # argparse makes a formatter for every add_argument; its own width lookup imports shutil.
+        super().__init__(prog, indent_increment, max_help_position,
+                         width if width is not None else _terminal_columns() - 2)
+
     def _format_action_invocation(self, action: argparse.Action) -> str:
         shown = [name for name in action.option_strings if not _hidden_alias(name, action)]
         if not shown or action.nargs == 0:
@@ -89,6 +97,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             usage = " ".join(["%(prog)s", *(["[options]"] if len(positionals) < len(actions) else []),
                               *([words] if words else [])])
         return super()._format_usage(usage, actions, groups, prefix)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size()'s columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 def _hidden_alias(name: str, action: argparse.Action) -> bool:

@@ -17,6 +17,9 @@ import sys
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
 RUN_MARKER = "MPSLAUNCH_RUN_ID"
+# Linux shows every environment in /proc, so whether anything still carries a marker is known
+# without psutil: a run that left nothing behind never imports it.
+MARKS_SEEN_WITHOUT_PSUTIL = sys.platform == "linux"
 _CLOCK_SLACK_SECONDS = 2.0  # Linux start times are computed from a boot time in whole seconds
 
 
@@ -44,6 +47,24 @@ def warm_process_table() -> None:
 
     for _ in psutil.process_iter():
         pass
+
+
+def may_be_marked(run_id: str) -> bool:
+    """Whether a process may still carry the run's marker (False only when none does, which
+    Linux tells from /proc without psutil); kill_marked then finds them."""
+    if not MARKS_SEEN_WITHOUT_PSUTIL:
+        return True
+    entry = f"\0{RUN_MARKER}={run_id}\0".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as stream:
+                if entry in b"\0" + stream.read():
+                    return True
+        except OSError:
+            continue  # gone meanwhile, or another user's
+    return False
 
 
 def kill_marked(run_id: str, since: float) -> list[int]:

@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import DEFAULT_GRACE_SECONDS
-from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
-                                     kill_group, kill_marked, linux_prctl, new_run_id,
-                                     warm_process_table)
+from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
+                                     STOPPING_SIGNALS, exit_code, kill_group, kill_marked,
+                                     linux_prctl, may_be_marked, new_run_id, warm_process_table)
 from mpslaunch.run.tee import Tee
 
 
@@ -44,10 +44,12 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         supervisor.attach(child)
         if tee:
             tee.start(child)
-        warm_process_table()
+        if not MARKS_SEEN_WITHOUT_PSUTIL:
+            warm_process_table()
         returncode = child.wait()
     supervisor.clean_up()
-    kill_marked(run_id, started)  # helpers that left the child's session
+    if may_be_marked(run_id):
+        kill_marked(run_id, started)  # helpers that left the child's session
     if tee:
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
     if supervisor.killed_after_grace and returncode == -signal.SIGKILL:
