@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.torch_check import MpsAnswer
 
@@ -86,6 +87,15 @@ def one_line_error(result: subprocess.CompletedProcess, longest: int | None = No
     assert lines[0].startswith("mpslaunch: error: "), lines[0][:300]
     assert longest is None or len(lines[0]) <= longest, lines[0][:300]
     return lines[0]
+
+
+def refusal_of(call) -> str | None:
+    """call()'s MpslaunchError message, or None when it returns; any other exception fails."""
+    try:
+        call()
+    except MpslaunchError as error:
+        return str(error)
+    return None
 
 
 def wait_for(condition, seconds: float = 30.0):

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import conftest
-from conftest import file_line, run_cli, wait_for, write_script
+from conftest import file_line, refusal_of, run_cli, wait_for, write_script
 from mpslaunch import profile_files
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.profile import Profile
@@ -590,10 +590,8 @@ YAML_PIECES = ["device", "num_processes", "mps_memory_cap", "version", ":", ": "
 def test_yaml_shaped_documents_raise_only_our_error(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("soup") / "p.yaml"
     path.write_text(text, encoding="utf-8")
-    try:
-        profile_files.load(path)
-    except MpslaunchError as error:
-        assert "\n" not in str(error) and len(str(error)) <= LONGEST_MESSAGE
+    message = refusal_of(lambda: profile_files.load(path)) or ""
+    assert "\n" not in message and len(message) <= LONGEST_MESSAGE
 
 
 @settings(max_examples=200, deadline=None)
@@ -601,7 +599,5 @@ def test_yaml_shaped_documents_raise_only_our_error(tmp_path_factory, text):
 def test_random_bytes_raise_only_our_error(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("bytes") / "p.yaml"
     path.write_bytes(data)
-    try:
-        profile_files.load(path)
-    except MpslaunchError as error:
-        assert "\n" not in str(error) and len(str(error)) <= LONGEST_MESSAGE
+    message = refusal_of(lambda: profile_files.load(path)) or ""
+    assert "\n" not in message and len(message) <= LONGEST_MESSAGE

@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
     if interrupted:
-        print("mpslaunch: bench interrupted: the results above are partial", file=sys.stderr)
+        output.say("bench interrupted: the results above are partial")
         return EXIT_INTERRUPTED
     return 0
 

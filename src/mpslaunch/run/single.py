@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from mpslaunch import output
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
@@ -54,9 +54,9 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
     if supervisor.killed_after_grace and returncode == -signal.SIGKILL:
         code = 128 + supervisor.stopping_signal
-        print(f"mpslaunch: the script was still running {grace_seconds:g} s after "
-              f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
-              f"killed; exit code {code}", file=sys.stderr, flush=True)
+        output.say(f"the script was still running {grace_seconds:g} s after "
+                   f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
+                   f"killed; exit code {code}")
         return code
     return exit_code(returncode)
 
