@@ -73,6 +73,8 @@ _version = rule(lambda value: 1 <= value <= PROFILE_VERSION,
 
 @dataclass(frozen=True)
 class Option:
+    """One launch option or profile key, as the parser, the request and the profile see it."""
+
     name: str  # the Python name, the profile key, and (as --name) the flag
     kind: type  # bool, int, float or str
     help: str = ""
@@ -193,10 +195,10 @@ OPTIONS = (
            accelerate=True),
     Option("quiet", bool, "no summary line before the run", default=False, short="-q",
            group=OUTPUT, request=False),
-    Option("profile", str, "the profile NAME.yaml in the config folder", metavar="NAME",
-           group=OUTPUT, request=False, shown_default="default"),
+    Option("profile", str, "the profile NAME.yaml in the config folder (default: default.yaml)",
+           metavar="NAME", group=OUTPUT, request=False),
     Option("config_file", str, "a profile file anywhere (or an Accelerate config file)",
-           metavar="PATH", group=OUTPUT, request=False, shown_default="none", accelerate=True),
+           metavar="PATH", group=OUTPUT, request=False, accelerate=True),
     Option("grace_period", float, "after Ctrl-C or SIGTERM, how long the script may take to stop",
            default=DEFAULT_GRACE_SECONDS, check=seconds(0, threading.TIMEOUT_MAX),
            metavar="SECONDS"),
