@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.profile import Profile, check_profile, check_value
@@ -183,6 +182,8 @@ def _is_basic_cpu(config: Mapping[str, object]) -> bool:
 
 def default_config_path(environ: Mapping[str, str] = os.environ) -> Path:
     """Where `accelerate config` writes by default (accelerate/commands/config/config_args.py)."""
+    from pathlib import Path  # here: `launch` imports this module for WAYS alone
+
     cache = environ.get("XDG_CACHE_HOME", "~/.cache")
     home = environ.get("HF_HOME", os.path.join(cache, "huggingface"))
     if home.startswith("~") and environ.get("HOME"):  # expanduser, with this environment's HOME

@@ -1,6 +1,8 @@
 """Profile files: finding them, reading them (an mpslaunch profile or a file `accelerate config`
 wrote), and writing them.
 
+Paths are pathlib's wherever a file is read or written; a launch with no profile file needs
+neither pathlib nor yaml nor the Accelerate translation, so they are imported where used.
 Files are parsed as data only (no object is ever constructed), checked key by key with the file
 and line in every message, and written atomically, so an interrupted write never loses the old
 profile. Reading gives one ProfileFile.
@@ -12,10 +14,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from pathlib import Path
 
-from mpslaunch import accelerate_config
-from mpslaunch.accelerate_config import Translation
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import cut
 from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile, check_value
@@ -50,7 +49,7 @@ def read(path: Path) -> ProfileFile:
     that nothing reads the file twice."""
     document = _parse(_read_text(path), path)
     if _written_by_accelerate(document):
-        translation = accelerate_config.translate(_construct(document, path), path)
+        translation = _translate(document, path)
         return ProfileFile(translation.profile, path, translation)
     values = {}
     for key_node, value_node in document.value:
@@ -77,13 +76,19 @@ def read_accelerate(path: Path) -> Translation | None:
     """The translation of the Accelerate config at `path`, read with the profile reader's limits
     and checks; None when it is an mpslaunch profile."""
     document = _parse(_read_text(path), path)
-    if not _written_by_accelerate(document):
-        return None
-    return accelerate_config.translate(_construct(document, path), path)
+    return _translate(document, path) if _written_by_accelerate(document) else None
 
 
 def _written_by_accelerate(document: yaml.MappingNode) -> bool:
-    return accelerate_config.is_accelerate_config(key_node.value for key_node, _ in document.value)
+    from mpslaunch.accelerate_config import is_accelerate_config
+
+    return is_accelerate_config(key_node.value for key_node, _ in document.value)
+
+
+def _translate(document: yaml.MappingNode, path: Path) -> Translation:
+    from mpslaunch.accelerate_config import translate
+
+    return translate(_construct(document, path), path)
 
 
 def _read_text(path: Path) -> str:
@@ -191,7 +196,8 @@ def write_atomically(path: Path, text: str) -> None:
             os.fsync(stream.fileno())
         os.replace(temp_name, path)
     except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
+        if os.path.exists(temp_name):
+            os.unlink(temp_name)
         raise
     _fsync_folder(path.parent)
 
@@ -219,12 +225,18 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def config_dir() -> Path:
+    from pathlib import Path
+
+    return Path(_config_folder())
+
+
+def _config_folder() -> str:
     override = os.environ.get("MPSLAUNCH_CONFIG_DIR")
     if override:
-        return Path(override).expanduser()
+        return os.path.expanduser(override)
     import platformdirs  # only when needed: keeps `launch --config_file` light
 
-    return Path(platformdirs.user_config_dir("mpslaunch", appauthor=False))
+    return platformdirs.user_config_dir("mpslaunch", appauthor=False)
 
 
 def profile_path(config_file: str | None = None, profile_name: str | None = None) -> Path:
@@ -232,6 +244,8 @@ def profile_path(config_file: str | None = None, profile_name: str | None = None
     else NAME.yaml (default.yaml) in the config folder."""
     if config_file and profile_name:
         raise MpslaunchError("give either --config_file or --profile, not both")
+    from pathlib import Path
+
     if config_file:
         return Path(config_file).expanduser()
     name = profile_name or "default"
@@ -243,7 +257,6 @@ def profile_path(config_file: str | None = None, profile_name: str | None = None
 
 def read_active(config_file: str | None = None, profile_name: str | None = None) -> ProfileFile:
     """The profile in force: an explicit one must exist; a missing default means the defaults."""
-    path = profile_path(config_file, profile_name)
-    if config_file or profile_name or path.exists():
-        return read(path)
+    if config_file or profile_name or os.path.exists(os.path.join(_config_folder(), "default.yaml")):
+        return read(profile_path(config_file, profile_name))
     return ProfileFile(Profile())

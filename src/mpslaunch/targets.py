@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import LaunchRequest
@@ -17,7 +16,7 @@ def check_target(request: LaunchRequest) -> None:
     elif request.no_python:
         _check_executable(request.target)
     else:
-        _check_script(Path(request.target))
+        _check_script(request.target)
 
 
 def _check_executable(name: str) -> None:
@@ -29,21 +28,29 @@ def _check_executable(name: str) -> None:
                              "permissions, or drop --no_python")
 
 
-def _check_script(path: Path) -> None:
-    if path.is_dir():
-        raise MpslaunchError(f"{path} is a folder; give the script to run (a .py file), "
+def _check_script(target: str) -> None:
+    # os.path for the checks (the launch path does not need pathlib); the messages show the
+    # path as pathlib writes it.
+    if os.path.isdir(target):
+        raise MpslaunchError(f"{_shown(target)} is a folder; give the script to run (a .py file), "
                              "or -m and a module name")
-    if not path.exists():
-        raise MpslaunchError(f"no script at {path} (looked in {Path.cwd()}); check the path, "
-                             "or use -m to run a module")
-    if not os.access(path, os.R_OK):
-        raise MpslaunchError(f"cannot read {path}; check its permissions")
+    if not os.path.exists(target):
+        raise MpslaunchError(f"no script at {_shown(target)} (looked in {os.getcwd()}); check the "
+                             "path, or use -m to run a module")
+    if not os.access(target, os.R_OK):
+        raise MpslaunchError(f"cannot read {_shown(target)}; check its permissions")
+
+
+def _shown(target: str) -> str:
+    from pathlib import Path  # only on a refusal
+
+    return str(Path(target))
 
 
 def _check_module(name: str) -> None:
     """Like `python -m`, look in the current folder first; never import the module's package."""
     if not _module_exists(name, [os.getcwd(), *sys.path[1:]]):
-        raise MpslaunchError(f"no module named {name!r} can be found from {Path.cwd()}; check "
+        raise MpslaunchError(f"no module named {name!r} can be found from {os.getcwd()}; check "
                              "the name, or install the package that provides it")
 
 

@@ -24,12 +24,11 @@ from mpslaunch.options import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
                                      STOPPING_SIGNALS, exit_code, kill_group, kill_marked,
                                      linux_prctl, may_be_marked, new_run_id, warm_process_table)
-from mpslaunch.run.tee import Tee
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
-    tee = Tee(log_dir) if log_dir else None
+    tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
     supervisor = _Supervisor(grace_seconds)
@@ -125,6 +124,12 @@ class _SignalHandlers:
     def __exit__(self, *_exc):
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def _tee(log_dir: str):
+    from mpslaunch.run.tee import Tee  # only with --log_dir
+
+    return Tee(log_dir)
 
 
 def _parent_death_signal():
