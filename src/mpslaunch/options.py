@@ -216,7 +216,8 @@ PROFILE_OPTIONS = tuple(option for option in OPTIONS if option.profile)
 def dataclass_of(name: str, options: tuple[Option, ...], doc: str, default, kw_only: bool = False,
                  **extra) -> type:
     """A frozen dataclass with one field per option; `default(option)` gives each field's default."""
-    fields = [(o.name, o.kind.__name__ + (" | None" if default(o) is None else ""),
+    # Types, not strings: dataclasses would match every string annotation against a pattern.
+    fields = [(o.name, o.kind | None if default(o) is None else o.kind,
                field(default=default(o), kw_only=kw_only)) for o in options]
     return make_dataclass(name, fields, frozen=True,
                           namespace={"__doc__": doc, "__module__": extra.pop("module", __name__),
@@ -228,7 +229,7 @@ LaunchOptions = dataclass_of(
     "means 'not given': the profile decides.", lambda o: o.request_default, kw_only=True)
 # A script path, or a module name when `module` is set, and its arguments; then the options.
 LaunchRequest = make_dataclass(
-    "LaunchRequest", [("target", str), ("target_args", "tuple[str, ...]", field(default=()))],
+    "LaunchRequest", [("target", str), ("target_args", tuple, field(default=()))],
     bases=(LaunchOptions,), frozen=True,
     namespace={"__doc__": "What to run, and the options it was asked with.", "__module__": __name__})
 
