@@ -71,7 +71,7 @@ def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # by colour type: grey, RGB, palette, grey+alpha, RGBA
+PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # by colour type: grey, RGB, palette, +alpha
 ADAM7_PASSES = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
                 (1, 0, 2, 2), (0, 1, 1, 2))  # (first column, first row, column step, row step)
 
@@ -79,22 +79,23 @@ ADAM7_PASSES = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2
 def check_png(data: bytes) -> None:
     """ValueError if a PNG's rows are damaged (a chunk checksum, the compressed stream, too few
     rows, a bad row filter). torchvision's PNG decoder ends the whole process on those."""
-    chunks, offset = {}, len(PNG_SIGNATURE)
+    chunks, offset = {}, len(PNG_SIGNATURE)  # {kind: [bodies]}
     while offset + 12 <= len(data):
         length, kind = struct.unpack_from(">I4s", data, offset)
         body, crc = data[offset + 8:offset + 8 + length], data[offset + 8 + length:][:4]
         if len(crc) < 4 or zlib.crc32(body, zlib.crc32(kind)) != int.from_bytes(crc, "big"):
             raise ValueError(f"the {kind.decode(errors='replace')} chunk is damaged")
-        chunks[kind] = chunks.get(kind, b"") + body  # the image data may span IDAT chunks
+        chunks.setdefault(kind, []).append(body)  # the image data spans IDAT chunks
         offset += 12 + length
         if kind == b"IEND":
             break
-    if len(chunks.get(b"IHDR", b"")) != 13:
+    header = b"".join(chunks.get(b"IHDR", []))
+    if len(header) != 13:
         raise ValueError("no PNG header")
-    width, height, depth, colour, _, _, interlaced = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
+    width, height, depth, colour, _, _, interlaced = struct.unpack(">IIBBBBB", header)
     if not width or not height or colour not in PNG_CHANNELS:
         raise ValueError("a bad PNG header")
-    inflate, pending = zlib.decompressobj(), chunks.get(b"IDAT", b"")
+    inflate, pending = zlib.decompressobj(), b"".join(chunks.get(b"IDAT", []))
     for column, row, column_step, row_step in ADAM7_PASSES if interlaced else ((0, 0, 1, 1),):
         columns = max(0, math.ceil((width - column) / column_step))  # this pass's picture
         rows = max(0, math.ceil((height - row) / row_step)) if columns else 0
