@@ -161,7 +161,7 @@ def undo_failed_save(error: Exception, path: Path, what: str, like: Path | None)
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-    free = shutil.disk_usage(path.parent).free
+    free = shutil.disk_usage(next(folder for folder in path.parents if folder.exists())).free
     if ran_out_of_space(error, written, free):
         needs = f"needs about {size_of(like) / 1e6:,.1f} MB and {free / 1e6:,.1f} MB are free" \
             if like else f"needs more than the {free / 1e6:,.1f} MB free"
