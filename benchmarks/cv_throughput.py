@@ -5,13 +5,17 @@ side on the same device, model, batch size and precision:
 
   pure step   the example's own model, Normalize, optimizer and train_step, fed one uint8 batch
               that already lives on the device: the most this job can do here;
-  end to end  `mpslaunch launch examples/X.py ...` on JPEG files, as a user runs it:
-              metrics.json's train_images_per_second (all epochs, waiting for data included,
-              eval excluded, counted from the end of the first step);
+  end to end  the example's main() on JPEG files through `mpslaunch launch`, one process, as a
+              user runs it: training images/s over all epochs, waiting for data included,
+              eval excluded, counted from the end of the first step;
   data alone  the example run with its train_step replaced by nothing: the images/s its data
               pipeline delivers to the device (decoding, augmentation, batching, the copy);
   start-up    from the launch command to the end of the first step, the part of it the
-              script's imports took (metrics.json's imports_s), and the rest.
+              example's imports took, and the rest.
+
+The examples carry no clocks: `mpslaunch launch` starts this file (--worker end_to_end), which
+imports the example (timing that), wraps its train_epoch and train_step in clocks (the first
+step waits for the device) and calls its main() with the options a user would give.
 
 ratio = end to end / pure step; data/pure < 1 says the CPUs cannot decode as fast as the device
 trains. Rows are printed as they are measured, then a table of all of them.
@@ -83,7 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="where the generated images are kept between runs")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     # One measurement, in a process of its own (see pure_step_worker, data_worker).
-    parser.add_argument("--worker", choices=("pure_step", "data"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("pure_step", "data", "end_to_end"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--example", help=argparse.SUPPRESS)
     parser.add_argument("--data_dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--output_dir", type=Path, help=argparse.SUPPRESS)
@@ -155,6 +160,52 @@ def make_demo(folder: Path) -> Path:
 # ---------------------------------------------------------------- the measurements
 
 
+class Clock:
+    """Clocks around an example's train_epoch and train_step: the seconds its epochs train after
+    the first step (which is waited for) and the images they train."""
+
+    def __init__(self, example):
+        owner = getattr(example, "Training", example)  # complete_cv_example's is a method
+        real_epoch, real_step = owner.train_epoch, example.train_step
+        self.first_step_done, self.first_step_at, self.images, self.seconds = None, None, 0, 0.0
+
+        def train_epoch(*args, **kwargs):  # it ends once the device is done (it reads the loss)
+            started = time.perf_counter()
+            result = real_epoch(*args, **kwargs)
+            self.seconds += time.perf_counter() - max(started, self.first_step_done or started)
+            return result
+
+        def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
+            loss = real_step(accelerator, model, optimizer, scheduler, normalize, images, labels)
+            if self.first_step_done is None:  # start-up (kernels loaded, the first batch)
+                loss.item()  # waits for the device
+                self.first_step_done, self.first_step_at = time.perf_counter(), time.time()
+            else:
+                self.images += len(images) * accelerator.num_processes
+            return loss
+
+        owner.train_epoch, example.train_step = train_epoch, train_step
+
+    def write(self, output_dir: Path, **more) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            (output_dir / "clock.json").write_text(json.dumps({
+                "train_images_per_second": self.images / self.seconds,
+                "first_step_at": self.first_step_at, **more}))
+
+
+def end_to_end_worker(args: argparse.Namespace) -> int:
+    """Run by `mpslaunch launch`: the example's imports timed, then its main() with clocks."""
+    started_at = time.time()
+    example = import_example(args.example)
+    imports_s = time.time() - started_at
+    clock = Clock(example)
+    code = example.main([*example_options(args, args.data_dir, args.image_size, args.epochs),
+                         "--output_dir", str(args.output_dir)])
+    if code == 0:
+        clock.write(args.output_dir, imports_s=imports_s)
+    return code
+
+
 def pure_step_worker(args: argparse.Namespace) -> None:
     """The example's own step, as its training sets it up, on one batch already on the device."""
     import torch
@@ -188,14 +239,18 @@ def pure_step_worker(args: argparse.Namespace) -> None:
 
 
 def data_worker(args: argparse.Namespace) -> int:
-    """The example itself, with a train_step that does nothing: its metrics.json then gives
-    the rate at which its data pipeline delivers batches to the device."""
+    """The example itself, with a train_step that does nothing: the clock then gives the rate
+    at which its data pipeline delivers batches to the device."""
     import torch
     example = import_example(args.example)
     example.train_step = lambda accelerator, *rest: torch.zeros((), device=accelerator.device)
-    return example.main([*example_options(args, args.data_dir, args.image_size, epochs=2),
+    clock = Clock(example)
+    code = example.main([*example_options(args, args.data_dir, args.image_size, epochs=2),
                          *(["--cpu"] if args.cpu else []), "--mixed_precision",
                          args.mixed_precision, "--output_dir", str(args.output_dir)])
+    if code == 0:
+        clock.write(args.output_dir)
+    return code
 
 
 def example_options(args: argparse.Namespace, data_dir: Path, image_size: int,
@@ -213,15 +268,22 @@ def child_env(config_dir: str) -> dict:
     return {**os.environ, "PYTHONPATH": path, "MPSLAUNCH_CONFIG_DIR": config_dir}
 
 
+def worker_options(args: argparse.Namespace, worker: str, example: str, data_dir: Path,
+                   image_size: int, num_classes: int, output_dir: Path) -> list[str]:
+    """This file's options for one measurement in a process of its own."""
+    return ["--worker", worker, "--example", example, "--data_dir", str(data_dir),
+            "--image_size", str(image_size), "--output_dir", str(output_dir),
+            "--num_classes", str(num_classes), "--model", args.model,
+            "--batch_size", str(args.batch_size), "--mixed_precision", args.mixed_precision,
+            "--seconds", str(args.seconds), "--epochs", str(args.epochs)] \
+        + (["--cpu"] if args.cpu else []) \
+        + (["--num_workers", str(args.num_workers)] if args.num_workers is not None else [])
+
+
 def run_worker(args: argparse.Namespace, worker: str, example: str, data_dir: Path,
                image_size: int, num_classes: int, output_dir: Path = Path(".")) -> str:
-    command = [sys.executable, __file__, "--worker", worker, "--example", example,
-               "--data_dir", str(data_dir), "--image_size", str(image_size),
-               "--output_dir", str(output_dir),
-               "--num_classes", str(num_classes), "--model", args.model,
-               "--batch_size", str(args.batch_size), "--mixed_precision", args.mixed_precision,
-               "--seconds", str(args.seconds)] + (["--cpu"] if args.cpu else []) \
-        + (["--num_workers", str(args.num_workers)] if args.num_workers is not None else [])
+    command = [sys.executable, __file__, *worker_options(args, worker, example, data_dir,
+                                                         image_size, num_classes, output_dir)]
     with tempfile.TemporaryDirectory() as config_dir:
         result = subprocess.run(command, capture_output=True, text=True,
                                 env=child_env(config_dir))
@@ -238,17 +300,17 @@ def pure_step_rate(args, example: str, image_size: int, num_classes: int) -> dic
 def data_rate(args, example: str, data_dir: Path, image_size: int) -> float:
     output = Path(tempfile.mkdtemp(prefix="cv_throughput_data_"))
     run_worker(args, "data", example, data_dir, image_size, num_classes=0, output_dir=output)
-    return json.loads((output / "metrics.json").read_text())["train_images_per_second"]
+    return json.loads((output / "clock.json").read_text())["train_images_per_second"]
 
 
-def end_to_end(args, example: str, data_dir: Path, image_size: int, epochs: int) -> dict:
-    """One `mpslaunch launch` run, one process, as a user starts it."""
+def end_to_end(args, example: str, data_dir: Path, image_size: int) -> dict:
+    """One `mpslaunch launch` run, one process, of the example's main() as a user starts it
+    (the precision and the device from the launcher's options, not the example's)."""
     output = Path(tempfile.mkdtemp(prefix="cv_throughput_run_"))
     command = [sys.executable, "-m", "mpslaunch", "launch", "--num_processes", "1",
                "--mixed_precision", args.mixed_precision, *(["--cpu"] if args.cpu else []),
-               str(EXAMPLES / f"{example}.py"), *example_options(args, data_dir, image_size,
-                                                                 epochs),
-               "--output_dir", str(output)]
+               __file__, *worker_options(args, "end_to_end", example, data_dir, image_size,
+                                         num_classes=0, output_dir=output)]
     with tempfile.TemporaryDirectory() as config_dir:
         launched_at = time.time()
         result = subprocess.run(command, capture_output=True, text=True,
@@ -256,10 +318,10 @@ def end_to_end(args, example: str, data_dir: Path, image_size: int, epochs: int)
     if result.returncode != 0:
         raise RuntimeError(f"{example} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     metrics = json.loads((output / "metrics.json").read_text())
-    metrics["launch_to_first_step_s"] = metrics["started_at"] + metrics["first_step_s"] \
-        - launched_at
-    metrics["command"] = " ".join(command[1:])
-    return metrics
+    clock = json.loads((output / "clock.json").read_text())
+    return {**metrics, "train_images_per_second": clock["train_images_per_second"],
+            "launch_to_first_step_s": clock["first_step_at"] - launched_at,
+            "imports_s": clock["imports_s"], "command": " ".join(command[1:])}
 
 
 def wait_for_idle_cpus(limit_s: float) -> None:
@@ -276,7 +338,7 @@ def measure(args, example: str, data_dir: Path, image_size: int, num_classes: in
         print(f"[{example}] end to end {repeat + 1}/{args.repeats}: {epochs} epochs of "
               f"{data_dir} at {image_size} px ...", flush=True)
         wait_for_idle_cpus(args.wait_idle)
-        runs.append(end_to_end(args, example, data_dir, image_size, epochs))
+        runs.append(end_to_end(args, example, data_dir, image_size))
         print(f"[{example}] pure step {repeat + 1}/{args.repeats} ...", flush=True)
         wait_for_idle_cpus(args.wait_idle)
         pures.append(pure_step_rate(args, example, image_size, num_classes))
@@ -329,6 +391,8 @@ def report(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.worker == "end_to_end":  # before torch is imported: it times the example's imports
+        return end_to_end_worker(args)
     import torch
     gpu = not args.cpu and torch.cuda.is_available()
     args.cpu = not gpu
@@ -338,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "data":
         return data_worker(args)
     args.repeats = args.repeats or (1 if gpu else 2)
-    epochs = args.epochs or (3 if gpu else 2)
+    epochs = args.epochs = args.epochs or (3 if gpu else 2)
     if args.scenario == "photos":
         count = args.photos or (8000 if gpu else 240)
         data_dir, classes = make_photos(args.data_root / f"photos_{count}", count), PET_CLASSES

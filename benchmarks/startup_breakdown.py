@@ -23,6 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import cv_example as example  # noqa: E402
 
+IMPORTS_DONE_AT = time.time()  # the example's imports: torch, torchvision, Accelerate
+
 marks: list[tuple[str, float]] = []
 epochs: list[dict] = []  # per epoch: when its loop started, when its first batch arrived
 
@@ -67,8 +69,8 @@ def clocked_step(accelerator, *args):
 
 def report(launched_at: float) -> None:
     print(f"startup: launch -> script start {PROBE_STARTED_AT - launched_at:.2f} s; "
-          f"cv_example's imports {example.IMPORTS_DONE_AT - example.STARTED_AT:.2f} s")
-    previous = example.IMPORTS_DONE_AT
+          f"cv_example's imports {IMPORTS_DONE_AT - PROBE_STARTED_AT:.2f} s")
+    previous = IMPORTS_DONE_AT
     for name, at in marks:
         print(f"startup: {name:24s} at {at - launched_at:6.2f} s  (+{at - previous:.2f} s)")
         previous = at

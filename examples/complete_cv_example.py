@@ -16,19 +16,22 @@ This script adds:
   * SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits with 128 + the signal
     number (143, 130); a second Ctrl-C stops at once. Several processes stop at the same step;
   * an image that does not decode is skipped, counted and named, never a crash;
+  * a save that finds the disk full stops the run with one line and exit code 1 (bad input is
+    2): what it wrote is removed, the checkpoints before it stay as they were;
   * the trained weights go to `--output_dir`/model.safetensors, the results to metrics.json.
 """
 
 from __future__ import annotations
 
-import time
-
-STARTED_AT = time.time()  # metrics.json reports how long the imports and the first step take
-
+import atexit
+import errno
 import json
+import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,9 +43,9 @@ from tqdm.auto import tqdm
 
 import cv_example  # beside this file: Python puts a script's folder on sys.path
 from cv_example import (ImageFiles, InputError, Normalize, UnreadableImage, build_model,
-                        check_batch_size, find_images, make_loader, make_optimizer)
+                        check_batch_size, find_images, make_loader, make_optimizer,
+                        progress_bar)
 
-IMPORTS_DONE_AT = time.time()
 PROG = "complete_cv_example"
 UNREADABLE = -100  # the label of an image that did not decode: cross_entropy's ignore_index
 
@@ -86,10 +89,17 @@ class EpochShuffle(Sampler):
 
 
 def ignore_stop_signals(_worker_id: int) -> None:
-    """DataLoader workers leave Ctrl-C and SIGTERM to the training process, which saves. (So
-    they cannot be terminated at exit either: nothing global may keep a loader alive.)"""
+    """DataLoader workers leave Ctrl-C and SIGTERM to the training process, which saves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def end_workers() -> None:
+    """At exit, multiprocessing stops the workers still running with SIGTERM, which they ignore,
+    then waits for them: after a failure that leaves a loader alive (in its traceback), for ever.
+    Registered after torch imported multiprocessing, this runs first and ends them."""
+    for worker in multiprocessing.active_children():
+        worker.kill()
 
 
 def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
@@ -122,6 +132,42 @@ class Position:
 def latest_checkpoint(output_dir: Path) -> Path | None:
     steps = sorted((output_dir / "checkpoints").glob("step_*[0-9]"))
     return steps[-1] if steps else None  # zero-padded names sort by step
+
+
+class DiskFull(Exception):
+    """A save that did not fit: reported in one line, exit code 1."""
+
+
+def size_of(path: Path) -> int:
+    files = path.rglob("*") if path.is_dir() else [path] if path.exists() else []
+    return sum(file.stat().st_size for file in files if file.is_file())
+
+
+def ran_out_of_space(error: BaseException | None, written: int, free: int) -> bool:
+    """Whether a failed save filled the disk (torch.save says only "unexpected pos"); `free`
+    counts the space again that its `written` bytes took."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__ or error.__context__
+    return free - written < 2**20  # it stopped within a megabyte of a full disk
+
+
+def undo_failed_save(error: Exception, path: Path, what: str, like: Path | None) -> None:
+    """Removes what a failed save wrote to `path`; DiskFull if it ran out of space. `like`: a
+    complete save of the same state, whose size it needs."""
+    written = size_of(path)
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    free = shutil.disk_usage(next(folder for folder in path.parents if folder.exists())).free
+    if ran_out_of_space(error, written, free):
+        needs = f"needs about {size_of(like) / 1e6:,.1f} MB and {free / 1e6:,.1f} MB are free" \
+            if like else f"needs more than the {free / 1e6:,.1f} MB free"
+        kept = f"; {like} is intact" if like else ""
+        raise DiskFull(f"the disk is full: {what} in {path.parent} {needs}; make room or choose "
+                       f"another --output_dir{kept}") from None
 
 
 class StopRequest:
@@ -197,7 +243,6 @@ class Training:
         # Which images did not decode, marked by any process (on the device: no waiting).
         self.unreadable = [torch.zeros(len(dataset), dtype=torch.bool, device=a.device)
                            for dataset in (self.train_set, self.eval_set)]
-        self.trained_images, self.train_s, self.first_step_at = 0, 0.0, None
         self.stop = StopRequest(a)
         a.print(f"{PROG}: {len(train_set)} train / {len(eval_set)} eval images, "
                 f"{len(classes)} classes; {args.model} on {a.device.type}, mixed precision "
@@ -221,10 +266,15 @@ class Training:
     def run(self) -> int:
         """All epochs; returns the exit code: 0, or 128 + N after signal N."""
         for epoch in range(self.position.epoch, self.args.num_epochs):
-            if not self.train_epoch(epoch):
+            trained = self.train_epoch(epoch)
+            if trained is None:
                 return self.save_and_stop()
             self.position.epoch, self.position.step_in_epoch = epoch + 1, 0
-            self.evaluate()
+            accuracy = self.evaluate()
+            self.accelerator.print(f"{PROG}: epoch {epoch + 1}/{self.args.num_epochs}: loss "
+                                   f"{trained[0]:.3f}, {trained[1]:,.0f} training images/s, "
+                                   f"eval accuracy {accuracy:.4f}")
+            self.warn_about_skipped_images()
             if self.args.checkpointing_steps == "epoch":
                 self.save_checkpoint()
             if self.stop.agreed(self.accelerator):
@@ -232,47 +282,40 @@ class Training:
         self.finish()
         return 0
 
-    def train_epoch(self, epoch: int) -> bool:
-        """One pass over the training set from the current position; False if stopped.
-        Images/s as in cv_example: from the end of the first step, evaluation left out."""
+    def train_epoch(self, epoch: int) -> tuple[float, float] | None:
+        """One pass over the training set from the current position: the mean loss and the
+        images/s of its steps in this run, or None if a stop was agreed."""
         a, position, every = self.accelerator, self.position, self.args.checkpointing_steps
         self.sampler.set_epoch(epoch)
         self.train_loader.set_epoch(epoch)
         loader = a.skip_first_batches(self.train_loader, position.step_in_epoch) \
             if position.step_in_epoch else self.train_loader
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{self.args.num_epochs}", unit="step",
-                   total=len(self.train_loader), initial=position.step_in_epoch,
-                   dynamic_ncols=True, disable=not a.is_local_main_process)
-        started = shown_at = time.perf_counter()
-        loss, stopped = None, False
-        for images, labels, indices in bar:
-            loss = train_step(a, self.model, self.optimizer, self.scheduler, self.normalize,
-                              images, labels)
+        images_per_step = self.train_loader.total_batch_size  # all processes' batches
+        bar = progress_bar(a, f"epoch {epoch + 1}/{self.args.num_epochs}",
+                           len(self.train_loader) * images_per_step,
+                           done=position.step_in_epoch * images_per_step)
+        started, loss_sum, steps = time.perf_counter(), torch.zeros((), device=a.device), 0
+        for images, labels, indices in loader:
+            loss_sum += train_step(a, self.model, self.optimizer, self.scheduler,
+                                   self.normalize, images, labels)
             self.unreadable[0][indices] = labels == UNREADABLE
+            steps += 1
             position.step_in_epoch += 1
             position.global_step += 1
-            if self.first_step_at is None:
-                loss.item()  # waits for the device
-                self.first_step_at, started = time.time(), time.perf_counter()
-            else:
-                self.trained_images += len(images) * a.num_processes
-            if time.perf_counter() - shown_at > 1:  # loss.item() waits: not at every step
-                shown_at = time.perf_counter()
-                rate = self.trained_images / max(self.train_s + shown_at - started, 1e-9)
-                bar.set_postfix(loss=f"{loss.item():.3f}", img_s=f"{rate:,.0f}")
+            if bar.update(images_per_step):  # True when it redraws: reading the loss waits
+                bar.set_postfix(loss=f"{loss_sum.item() / steps:.3f}", refresh=False)
             if isinstance(every, int) and position.global_step % every == 0:
                 self.save_checkpoint()
-            stopped = self.stop.agreed(self.accelerator)
-            if stopped:
-                break
-        if loss is not None:
-            loss.item()  # the epoch's time ends when the device is done
-        self.train_s += time.perf_counter() - started
+            if self.stop.agreed(a):
+                bar.close()
+                return None
         bar.close()
-        return not stopped
+        mean_loss = a.reduce(loss_sum, reduction="mean").item() / max(1, steps)
+        return mean_loss, steps * images_per_step / (time.perf_counter() - started)
 
     @torch.no_grad()
-    def evaluate(self) -> None:
+    def evaluate(self) -> float:
+        """The accuracy on the evaluation images that decode."""
         a, model = self.accelerator, self.model
         model.eval()
         correct = total = 0
@@ -285,8 +328,9 @@ class Training:
             total += (labels != UNREADABLE).sum()
         model.train()
         self.position.eval_accuracies.append(int(correct) / max(1, int(total)))
-        a.print(f"{PROG}: epoch {self.position.epoch}: eval accuracy "
-                f"{self.position.eval_accuracies[-1]:.4f}")
+        return self.position.eval_accuracies[-1]
+
+    def warn_about_skipped_images(self) -> None:
         skipped = self.skipped_images()
         if skipped:
             names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more"
@@ -302,12 +346,18 @@ class Training:
         return found
 
     def save_checkpoint(self) -> Path:
-        """save_state into step_N.partial, then a rename: a killed save never looks complete."""
+        """save_state into step_N.partial, then a rename: a killed save never looks complete,
+        a failed one is removed (DiskFull if the disk is full)."""
         a = self.accelerator
         final = self.args.output_dir / "checkpoints" / f"step_{self.position.global_step:08d}"
         if not final.exists():  # already saved at this step (then a signal came)
             partial = final.with_name(final.name + ".partial")
-            a.save_state(str(partial))
+            try:
+                a.save_state(str(partial))
+            except Exception as error:
+                undo_failed_save(error, partial, "a checkpoint",
+                                 latest_checkpoint(self.args.output_dir))
+                raise
             a.wait_for_everyone()
             if a.is_main_process:
                 partial.rename(final)
@@ -325,26 +375,24 @@ class Training:
     def finish(self) -> None:
         a, args, position = self.accelerator, self.args, self.position
         a.wait_for_everyone()
-        a.save_model(self.model, args.output_dir)  # model.safetensors
+        try:
+            a.save_model(self.model, args.output_dir)  # model.safetensors
+        except Exception as error:
+            undo_failed_save(error, args.output_dir / "model.safetensors", "the trained model",
+                             None)
+            raise
         metrics = {"eval_accuracy": position.eval_accuracies[-1],
                    "eval_accuracy_per_epoch": position.eval_accuracies,
-                   # of this run only, when resumed
-                   "train_images_per_second": self.trained_images / self.train_s
-                   if self.train_s else None,
                    "device": a.device.type, "mixed_precision": a.mixed_precision,
                    "num_processes": a.num_processes, "model": args.model,
                    "image_size": args.image_size, "batch_size": args.batch_size,
                    "train_images": len(self.train_set), "eval_images": len(self.eval_set),
                    "epochs": position.epoch, "global_step": position.global_step,
-                   "skipped_images": len(self.skipped_images()), "started_at": STARTED_AT,
-                   "imports_s": IMPORTS_DONE_AT - STARTED_AT,
-                   "first_step_s": self.first_step_at - STARTED_AT
-                   if self.first_step_at else None}
+                   "skipped_images": len(self.skipped_images())}
         if a.is_main_process:
             (args.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-            a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}, "
-                    f"{metrics['train_images_per_second'] or 0:,.0f} training images/s; "
-                    f"wrote {args.output_dir / 'metrics.json'} and model.safetensors")
+            a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}; wrote "
+                    f"{args.output_dir / 'metrics.json'} and model.safetensors")
         a.end_training()
 
     def warn(self, message: str) -> None:
@@ -371,6 +419,7 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's: one process reports bad input
+    atexit.register(end_workers)
     try:
         args = parse_args(argv)
         training = Training(args)  # bad input is found before the device is touched
@@ -381,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         if main_rank:
             print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    except DiskFull as error:  # in the process that saved
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # a second Ctrl-C
         print(f"{PROG}: stopped without a checkpoint", file=sys.stderr)
         return 128 + signal.SIGINT
