@@ -55,6 +55,7 @@ class LaunchRequest:
     tee: str | None = None
     monitor_interval: float | None = None
     no_python: bool = False  # run the target itself, not `python target`
+    check: bool | None = None  # False: --no_check
 
 
 @dataclass(frozen=True)

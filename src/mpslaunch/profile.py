@@ -61,6 +61,7 @@ class Profile:
     dynamo_use_dynamic: bool = False
     dynamo_use_regional_compilation: bool = False
     debug: bool = False  # ACCELERATE_DEBUG_MODE: Accelerate checks its collective operations
+    check: bool = True  # launch reads the script first and warns about what breaks it on the plan
 
     def replace(self, **changes: object) -> "Profile":
         return dataclasses.replace(self, **changes)
@@ -92,6 +93,7 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "dynamo_use_dynamic": (bool,),
     "dynamo_use_regional_compilation": (bool,),
     "debug": (bool,),
+    "check": (bool,),
 }
 KNOWN_KEYS = tuple(f.name for f in fields(Profile))
 assert set(_KEY_TYPES) == set(KNOWN_KEYS)

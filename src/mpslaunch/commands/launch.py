@@ -17,6 +17,7 @@ from mpslaunch import accelerate_config
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.commands import check as script_check
 from mpslaunch.commands.accelerate_options import add_refused
 from mpslaunch.commands.options import add_option, add_profile_options
 from mpslaunch.machine import Machine
@@ -88,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("-t", "--tee", metavar="0-3",
                         help="accepted for Accelerate: every rank's output always reaches the console")
     output.add_argument("-q", "--quiet", action="store_true", help="no summary line before the run")
+    add_option(output, "--no_check", dest="check", action="store_false", default=None,
+               help="do not read the script first for what breaks it on this plan (`mpslaunch check`)")
     add_profile_options(output)
     add_option(parser, "--grace_period", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
                help="after Ctrl-C or SIGTERM, how long the script may take to stop (default 30)")
@@ -116,6 +119,8 @@ def main(args: argparse.Namespace) -> int:
     note = accelerate_note(path, translation, machine) if translation and not args.quiet else None
     if note:
         print(note, file=sys.stderr)
+    if plan.settings.check and not args.quiet:
+        script_check.warn_before_launch(request, plan, machine)
     if args.dry_run:
         print(describe(plan))
         if machine.is_mac:
@@ -174,6 +179,7 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         tee=args.tee,
         monitor_interval=args.monitor_interval,
         no_python=args.no_python,
+        check=args.check,
     )
 
 

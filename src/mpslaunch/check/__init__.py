@@ -1,0 +1,28 @@
+"""`check`: what will break a training script on a plan, read from its source with `ast`.
+
+The script and the modules it imports from its own folder are parsed, never imported or run,
+and torch is never imported. `check_script(path, target)` returns the findings for one target
+(a device, a number of processes, a system): each names its line, what will happen there on
+that plan, and what to write instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mpslaunch.check.reading import ScriptError, read_sources
+from mpslaunch.check.report import Finding, Report, ordered
+from mpslaunch.check.rules import Rules
+from mpslaunch.check.scan import prepare, scan
+from mpslaunch.check.target import Target, described_target
+
+__all__ = ["Finding", "Report", "ScriptError", "Target", "check_script", "described_target"]
+
+
+def check_script(path: Path, target: Target) -> Report:
+    sources = read_sources(path)
+    project = prepare(sources.files)
+    rules = Rules(target, project)
+    scan(project, rules)
+    return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
+                  ordered(rules.findings))

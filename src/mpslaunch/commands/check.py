@@ -1,0 +1,100 @@
+"""`mpslaunch check`: read a training script (never run it) and say what will break it on the
+plan `launch` would make here, or on the plan the options describe."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mpslaunch import profile as profiles
+from mpslaunch.check import check_script, described_target
+from mpslaunch.check.report import as_json, as_text, launch_warnings
+from mpslaunch.check.target import Target
+from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.errors import MpslaunchError
+
+if TYPE_CHECKING:
+    from mpslaunch.machine import Machine
+    from mpslaunch.plan import LaunchPlan, LaunchRequest
+
+HELP = """\
+Read a training script, and the modules it imports from its own folder, and say what will
+break it on this plan before it runs: cuda written into the script on a Mac or on cpu,
+torch.load without map_location, float64 on mps, DataLoader workers that a Mac starts by
+spawn (the main guard, lambdas as collate_fn or transforms), nccl for CPU processes,
+torch.cuda.amp on mps or cpu, pin_memory on mps. The script is parsed, never imported or
+run. The plan is the one `mpslaunch launch` would use here, unless --device or
+--num_processes describe another (check a script for a Mac from Linux). Exit code 0: nothing
+found; 1: something found; 2: the script cannot be read.
+
+examples:
+  mpslaunch check train.py
+  mpslaunch check --device mps train.py          as it would run on a Mac
+  mpslaunch check --device cpu --num_processes 2 train.py
+  mpslaunch check --json train.py                for tools
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--device", choices=("auto", "mps", "cuda", "cpu"),
+               help="check for this device (default: the plan launch would use here)")
+    add_option(parser, "--num_processes", type=int, metavar="N",
+               help="processes on all machines (default: the plan's)")
+    add_option(parser, "--json", action="store_true", help="print the findings as JSON")
+    add_profile_options(parser)
+    parser.add_argument("script", help="the training script (a .py file)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.num_processes is not None and args.num_processes < 1:
+        raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
+    target = target_from_args(args)
+    report = check_script(Path(args.script), target)
+    print(as_json(report) if args.json else as_text(report))
+    return 1 if report.findings else 0
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    import platform
+
+    if args.device not in (None, "auto"):
+        if args.device == "mps" and (args.num_processes or 1) > 1:
+            raise MpslaunchError("mps runs one process (a Mac has one GPU, and the distributed "
+                                 "backends take no mps tensors); check --device cpu for several")
+        return described_target(args.device, args.num_processes or 1, platform.system())
+    from mpslaunch.commands.launch import probe_for
+    from mpslaunch.plan import LaunchRequest, resolve
+
+    profile, _, _ = profiles.read_active(args.config_file, args.profile)
+    request = LaunchRequest(target=args.script, num_processes=args.num_processes)
+    machine = probe_for(profile, request)
+    plan = resolve(profile, request, machine, os.environ)
+    return Target(plan.device, plan.world_size, machine.system)
+
+
+def warn_before_launch(request: LaunchRequest, plan: LaunchPlan, machine: Machine) -> None:
+    """What `launch` runs first, for a .py script: the main findings as warnings on stderr. A
+    script that cannot be read is left to Python, which says why when it starts."""
+    if request.module or request.no_python or not request.target.endswith(".py"):
+        return
+    try:
+        report = check_script(Path(request.target), Target(plan.device, plan.world_size, machine.system))
+    except MpslaunchError:
+        return
+    command = ["mpslaunch", "check", *_plan_options(request, plan), request.target]
+    for line in launch_warnings(report, shlex.join(command)):
+        print(line, file=sys.stderr)
+
+
+def _plan_options(request: LaunchRequest, plan: LaunchPlan) -> list[str]:
+    """The options that make `check` see the plan launch saw, when the command line chose it."""
+    options = []
+    if request.cpu or request.device:
+        options += ["--device", plan.device]
+    if request.num_processes is not None or request.num_machines is not None:
+        options += ["--num_processes", str(plan.world_size)]
+    return options
