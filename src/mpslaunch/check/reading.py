@@ -30,6 +30,7 @@ class ScriptError(MpslaunchError):
 class SourceFile:
     path: Path
     shown: str  # the path as messages show it
+    text: str
     tree: ast.Module
     is_script: bool  # run as __main__; an imported module's main block does not run
 
@@ -42,7 +43,7 @@ class Sources:
 
 def read_sources(script: Path) -> Sources:
     """The script and the local modules it imports (transitively), parsed."""
-    first = SourceFile(script, _shown(script), parse_file(script), True)
+    first = SourceFile(script, _shown(script), *parse_file(script), True)
     files, skipped, seen = [first], [], {script.resolve()}
     folder = script.resolve().parent
     index = 0
@@ -52,18 +53,18 @@ def read_sources(script: Path) -> Sources:
                 continue
             seen.add(path.resolve())
             try:
-                files.append(SourceFile(path, _shown(path), parse_file(path), False))
+                files.append(SourceFile(path, _shown(path), *parse_file(path), False))
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
     return Sources(tuple(files), tuple(skipped))
 
 
-def parse_file(path: Path) -> ast.Module:
+def parse_file(path: Path) -> tuple[str, ast.Module]:
     data = _read_bytes(path)
     text = _decode(path, data)
     try:
-        return ast.parse(text, filename=str(path))
+        return text, ast.parse(text, filename=str(path))
     except SyntaxError as error:
         raise ScriptError(f"{_shown(path)}:{error.lineno or 1}: syntax error: {error.msg}; "
                           "fix it (python -m py_compile shows the same)") from None
@@ -108,7 +109,7 @@ def local_imports(source: SourceFile, folder: Path) -> list[Path]:
     """Files of the modules `source` imports that live in the script's folder (sys.path[0]
     when it runs), or relative to the module's own package."""
     found = []
-    for node in ast.walk(source.tree):
+    for node in statements(source.tree.body):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 found += _module_files(folder, alias.name.split("."))
@@ -141,6 +142,16 @@ def _module_files(base: Path, parts: list[str]) -> list[Path]:
             break
         here = here / part
     return files
+
+
+def statements(body: list[ast.stmt]):
+    """Every statement in a body, nested ones included (not the expressions: far fewer nodes)."""
+    for node in body:
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, name, None)
+            if inner:
+                yield from statements(inner)
 
 
 def _shown(path: Path) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from mpslaunch.check.report import Finding
-from mpslaunch.check.scan import FUNCTION_NODES, Project, Where
+from mpslaunch.check.scan import FUNCTION_NODES, Project, Where, has_main_guard
 from mpslaunch.check.target import Target
 
 SCRIPTS_FOR_CUDA = "Scripts written for CUDA"  # docs/mps-facts.md sections
@@ -108,7 +108,7 @@ class Rules:
                 and str(node.values[0].value).startswith("cuda"):
             text = f'f"{node.values[0].value}..."'
         else:
-            known = where.facts.literal(node)
+            known = where.literal(node)
             if known is None or not isinstance(known[0], str) or not is_cuda(known[0]):
                 return None
             value, line = known
@@ -136,7 +136,7 @@ class Rules:
         if qualified is None or where.guarded_by(AMP_WORDS):
             return
         enabled = keyword_value(call, "enabled")
-        if enabled is not None and where.facts.literal(enabled) != (True, None):
+        if enabled is not None and where.literal(enabled) != (True, None):
             return  # enabled by a variable: only sometimes
         device = self.target.device
         if qualified in CUDA_AUTOCAST or (qualified in AUTOCAST and
@@ -167,7 +167,7 @@ class Rules:
 
     def literal_is(self, call: ast.Call, position: int, keyword: str, where: Where, wanted: str) -> bool:
         node = call.args[position] if len(call.args) > position else keyword_value(call, keyword)
-        known = where.facts.literal(node)
+        known = where.literal(node)
         return known is not None and known[0] == wanted
 
     # ------------------------------------------------------------ several processes
@@ -205,7 +205,7 @@ class Rules:
             return
         chain = method_chain(call)
         if any(self.makes_float64(link, facts) for link in chain) and \
-                any(self.moves_to_device(link, facts) for link in chain):
+                any(self.moves_to_device(link, where) for link in chain):
             self.add(where, call, "float64-mps",
                      f'float64 on mps: torch raises "{MPS_FLOAT64_ERROR}"',
                      "use float32 (.float(), dtype=torch.float32), and float64 only on the CPU "
@@ -219,18 +219,18 @@ class Rules:
             dtypes += call.args[:2]
         return any(facts.qualified(node) in FLOAT64 for node in dtypes if node is not None)
 
-    def moves_to_device(self, call: ast.Call, facts) -> bool:
+    def moves_to_device(self, call: ast.Call, where: Where) -> bool:
         """A device that is not the CPU: "mps", or a name or attribute called device."""
         candidates = [keyword_value(call, "device")]
-        if called_name(call) == "to" and facts.qualified(call.func) is None:
+        if called_name(call) == "to" and where.facts.qualified(call.func) is None:
             candidates += call.args[:1]
-        return any(is_device_expression(node, facts) for node in candidates if node is not None)
+        return any(is_device_expression(node, where) for node in candidates if node is not None)
 
     # ------------------------------------------------------------ DataLoader
 
     def dataloader(self, call: ast.Call, where: Where) -> None:
         if self.target.device == "mps" and not where.guarded_by(PIN_WORDS) and \
-                where.facts.literal(loader_argument(call, "pin_memory")) == (True, None):
+                where.literal(loader_argument(call, "pin_memory")) == (True, None):
             self.add(where, call, "pin-memory-mps",
                      "pin_memory=True does nothing on mps: torch warns \"'pin_memory' argument is "
                      "set as true but not supported on MPS now\" and pins nothing",
@@ -267,7 +267,7 @@ class Rules:
         node = loader_argument(call, "num_workers")
         if node is None:
             return None
-        known = where.facts.literal(node)
+        known = where.literal(node)
         if known is not None:
             value = known[0]
             return f"num_workers={value}" if isinstance(value, int) and value > 0 else None
@@ -278,7 +278,7 @@ class Rules:
         if context is not None:
             if isinstance(context, ast.Call) and called_name(context) == "get_context" and context.args:
                 context = context.args[0]
-            known = where.facts.literal(context)
+            known = where.literal(context)
             return str(known[0]) if known else "fork"  # an unknown context: say nothing
         return where.facts.start_method or self.target.start_method
 
@@ -315,16 +315,16 @@ def is_cuda(text: str) -> bool:
     return text == "cuda" or text.startswith("cuda:")
 
 
-def is_device_expression(node: ast.expr, facts) -> bool:
-    known = facts.literal(node)
+def is_device_expression(node: ast.expr, where: Where) -> bool:
+    known = where.literal(node)
     if known is not None:
         return known[0] == "mps"
     if isinstance(node, ast.Name):
         return "device" in node.id.lower()
     if isinstance(node, ast.Attribute):
         return "device" in node.attr.lower()
-    if isinstance(node, ast.Call) and facts.qualified(node.func) == "torch.device":
-        first = facts.literal(node.args[0]) if node.args else None
+    if isinstance(node, ast.Call) and where.facts.qualified(node.func) == "torch.device":
+        first = where.literal(node.args[0]) if node.args else None
         return first is None or first[0] != "cpu"
     return False
 
@@ -339,12 +339,6 @@ def method_chain(call: ast.Call) -> list[ast.Call]:
             chain.append(node)
             node = node.func
     return chain
-
-
-def has_main_guard(tree: ast.Module) -> bool:
-    from mpslaunch.check.scan import is_main_guard
-
-    return any(is_main_guard(statement) for statement in tree.body)
 
 
 def unpicklable(node: ast.expr | None, where: Where) -> str | None:

@@ -1,34 +1,47 @@
-"""What the code says, before any rule looks at it: imports, constants, scopes, and the
-conditions each call sits under.
+"""What the code says, before any rule looks at it: imports, scopes, and the conditions each
+call sits under.
 
-`prepare(files)` reads the facts; `scan(project, visit)` walks every file once and calls `visit(call, where)` for each call that
-can run: calls in functions nothing names, and in an imported module's main block, are left
-out. `Where` tells the rules what they need about the call's place (the words of the
-conditions around it, whether a try catches it, whether it runs when the script is imported
-again by a spawned worker, the scope that names resolve in).
+`prepare(files)` reads each file's imports; `scan(project, visit)` walks the files and calls
+`visit(call, where)` for each call that can run. Only statements on lines that mention what a
+rule looks for are walked into (the rest of a 2,000-line script costs nothing but its parse);
+calls in functions nothing names, and in an imported module's main block, are left out.
+`Where` tells the rules what they need about the call's place: the words of the conditions
+around it, what a try around it catches, whether it runs when a spawned worker imports the
+script again, and the scope that names resolve in.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
-from mpslaunch.check.reading import SourceFile
+from mpslaunch.check.reading import SourceFile, statements
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 DEFINITION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# What a rule can be about, as the source spells it; imported names and constants are added.
+TRIGGERS = ("cuda", "load", "double", "float64", "DataLoader", "init_process_group", "autocast",
+            "GradScaler", "pin_memory", "set_default")
+_START_METHOD = re.compile(r"""set_start_method\(\s*["'](\w+)["']""")
+_WORD = re.compile(r"\w+")
+_DYNAMIC = re.compile(r"\b(?:exec|globals|vars)\s*\(")  # can rebind any module name
 
 
 @dataclass
 class FileFacts:
-    """One file's imports and module-level constants."""
+    """One file's imports, and the lines worth walking into."""
 
     source: SourceFile
     aliases: dict[str, str]  # local name -> the dotted name it imports: dist -> torch.distributed
-    constants: dict[str, tuple[object, int]]  # a name bound once, to a literal -> (value, line)
     start_method: str | None  # set_start_method("...") with a literal, anywhere in the file
     imports_accelerate: bool
+    candidate_lines: list[int]  # sorted
+    constants_trusted: bool  # no exec() or globals(): a module name bound once stays bound
 
     def qualified(self, node: ast.expr) -> str | None:
         """`torch.cuda.amp.autocast` for a call's function, through the file's imports; None
@@ -42,24 +55,23 @@ class FileFacts:
         parts.append(self.aliases[node.id])
         return ".".join(reversed(parts))
 
-    def literal(self, node: ast.expr | None) -> tuple[object, int | None] | None:
-        """(value, line of the constant's definition or None) of a literal or of a name bound
-        once to one; None for anything else."""
-        if isinstance(node, ast.Constant):
-            return node.value, None
-        if isinstance(node, ast.Name) and node.id in self.constants:
-            return self.constants[node.id]
-        return None
+    def touches(self, first: int, last: int) -> bool:
+        """Whether a line from first to last mentions something a rule looks for."""
+        lines = self.candidate_lines
+        index = bisect.bisect_left(lines, first)
+        return index < len(lines) and lines[index] <= last
 
 
-@dataclass
 class Scope:
-    """The names a function (or the module) binds: name -> the values bound to it (None for a
-    binding that is not `name = value` or `def name`)."""
+    """The names a function (or the module) binds, worked out only when a rule asks."""
 
-    bindings: dict[str, list[ast.AST | None]]
-    function: ast.AST | None  # None: the module
-    parent: "Scope | None" = None
+    def __init__(self, body: list[ast.stmt], parameters: ast.arguments | None,
+                 function: ast.AST | None, parent: "Scope | None" = None):
+        self.body, self.parameters, self.function, self.parent = body, parameters, function, parent
+
+    @cached_property
+    def bindings(self) -> dict[str, list[ast.AST | None]]:
+        return bindings(self.body, self.parameters)
 
     def lookup(self, name: str) -> tuple[ast.AST | None, "Scope | None"]:
         """What `name` stands for here when it is bound exactly once (an expression, a def or a
@@ -93,125 +105,133 @@ class Where:
         caught = self.caught.split()
         return "*" in caught or any(error in caught for error in (*errors, "Exception", "BaseException"))
 
+    def literal(self, node: ast.expr | None) -> tuple[object, int | None] | None:
+        """(value, line of its definition or None) of a literal, or of a module-level name bound
+        once to a literal and not rebound where the call is; None for anything else."""
+        if isinstance(node, ast.Constant):
+            return node.value, None
+        if isinstance(node, ast.Name) and self.facts.constants_trusted:
+            value, scope = self.scope.lookup(node.id)
+            if isinstance(value, ast.Constant) and scope is not None and scope.function is None \
+                    and not re.search(rf"\bglobal\b[^\n]*\b{node.id}\b", self.facts.source.text):
+                return value.value, value.lineno
+        return None
+
 
 @dataclass(frozen=True)
 class Project:
-    """The files read, with their facts, and every name any of them uses."""
+    """The files read, with their facts."""
 
     facts: tuple[FileFacts, ...]
-    named: frozenset[str]
 
     @property
     def uses_accelerate(self) -> bool:
         return any(facts.imports_accelerate for facts in self.facts)
 
+    @cached_property
+    def _word_counts(self) -> Counter:
+        counts: Counter = Counter()
+        for facts in self.facts:
+            counts.update(_WORD.findall(facts.source.text))
+        return counts
+
+    def is_named(self, name: str) -> bool:
+        """Whether `name` appears anywhere besides its own definition (a call, a reference, an
+        attribute; a comment too, which only errs towards checking)."""
+        return self._word_counts[name] > 1
+
 
 def prepare(files: Iterable[SourceFile]) -> Project:
-    read = [_read_facts(source) for source in files]
-    return Project(tuple(facts for facts, _ in read),
-                   frozenset().union(*(names for _, names in read)))
+    return Project(tuple(_read_facts(source) for source in files))
 
 
 def scan(project: Project, visit: Callable[[ast.Call, Where], None]) -> None:
     """Call `visit` for each call in the project's files that can run, with its place."""
     for facts in project.facts:
-        _Walker(facts, project.named, visit).run()
+        _Walker(facts, project, visit).run()
 
 
-# ---------------------------------------------------------------- the first pass: facts
+# ---------------------------------------------------------------- the facts
 
 
-def _read_facts(source: SourceFile) -> tuple[FileFacts, set[str]]:
-    """The file's facts, and every name it uses (to tell live functions from dead ones)."""
+def _read_facts(source: SourceFile) -> FileFacts:
     aliases: dict[str, str] = {}
-    stores: dict[str, int] = {}
-    named: set[str] = set()
-    start_method = None
-    dynamic = False  # exec() or globals() can rebind any module name
-    for node in ast.walk(source.tree):
-        kind = type(node)
-        if kind is ast.Name:
-            if type(node.ctx) is ast.Load:
-                named.add(node.id)
-                dynamic = dynamic or node.id in ("exec", "globals", "vars")
-            else:
-                stores[node.id] = stores.get(node.id, 0) + 1
-        elif kind is ast.Attribute:
-            named.add(node.attr)
-        elif kind is ast.Call:
-            method = _called_name(node)
-            if method == "set_start_method" and node.args and isinstance(node.args[0], ast.Constant):
-                start_method = str(node.args[0].value)
-        elif kind is ast.Import:
+    for node in statements(source.tree.body):
+        if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
                     aliases[alias.asname] = alias.name
                 else:  # `import torch.distributed` binds torch
                     top = alias.name.split(".")[0]
                     aliases[top] = top
-        elif kind is ast.ImportFrom and node.module and not node.level:
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif kind in (ast.arg, ast.Global, ast.Nonlocal, *DEFINITION_NODES):
-            for name in _bound_names(node):
-                stores[name] = stores.get(name, 0) + 1
-    constants = {} if dynamic else _constants(source.tree, stores)
-    accelerate = any(name.split(".")[0] == "accelerate" for name in aliases.values())
-    return FileFacts(source, aliases, constants, start_method, accelerate), named
+    text = source.text
+    method = _START_METHOD.search(text)
+    words = {*TRIGGERS, *_renamed(aliases), *_string_constants(source.tree)}
+    return FileFacts(source, aliases, method.group(1) if method else None,
+                     any(name.split(".")[0] == "accelerate" for name in aliases.values()),
+                     _lines_with(text, words), not _DYNAMIC.search(text))
 
 
-def _bound_names(node: ast.AST) -> list[str]:
-    if isinstance(node, ast.arg):
-        return [node.arg]
-    if isinstance(node, (ast.Global, ast.Nonlocal)):
-        return list(node.names) * 2  # a global statement means the name is rebound somewhere
-    return [node.name]
+def _renamed(aliases: dict[str, str]) -> list[str]:
+    """Local names of imported things a rule looks for under another name (`as DL`)."""
+    return [name for name, full in aliases.items()
+            if any(word in full for word in TRIGGERS) and name not in TRIGGERS]
 
 
-def _constants(tree: ast.Module, stores: dict[str, int]) -> dict[str, tuple[object, int]]:
-    constants = {}
-    for statement in tree.body:
-        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name)
-                and isinstance(statement.value, ast.Constant)
-                and stores.get(statement.targets[0].id) == 1):
-            constants[statement.targets[0].id] = (statement.value.value, statement.lineno)
-    return constants
+def _string_constants(tree: ast.Module) -> list[str]:
+    """Module-level names bound to a string: a rule may see them through `.to(device)`."""
+    return [statement.targets[0].id for statement in tree.body
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str)]
 
 
-def _called_name(call: ast.Call) -> str | None:
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return None
+def _lines_with(text: str, words: Iterable[str]) -> list[int]:
+    pattern = re.compile("|".join(sorted(map(re.escape, words), key=len, reverse=True)))
+    newlines = [match.start() for match in re.finditer("\n", text)]
+    lines = {bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)}
+    return sorted(lines)
 
 
 def is_main_guard(node: ast.AST) -> bool:
-    """`if __name__ == "__main__":` (either way round)."""
-    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+    """`if __name__ == "__main__":` (either way round, or and-ed with more conditions)."""
+    if not isinstance(node, ast.If):
         return False
-    test = node.test
+    tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) \
+        else [node.test]
+    return any(_is_main_test(test) for test in tests)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not isinstance(test, ast.Compare):
+        return False
     sides = [test.left, *test.comparators]
     return (len(sides) == 2 and isinstance(test.ops[0], ast.Eq)
             and any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
             and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides))
 
 
+def has_main_guard(tree: ast.Module) -> bool:
+    return any(is_main_guard(statement) for statement in tree.body)
+
+
 # ---------------------------------------------------------------- scopes
 
 
-def bindings(statements: list[ast.stmt], parameters: ast.arguments | None = None
+def bindings(body: list[ast.stmt], parameters: ast.arguments | None = None
              ) -> dict[str, list[ast.AST | None]]:
-    """What a body binds, not looking into the functions and classes it defines."""
+    """What a body binds, not looking into the functions and classes it defines: name -> the
+    values bound to it (None for a binding that is not `name = value`, `def` or `class`)."""
     bound: dict[str, list[ast.AST | None]] = {}
     if parameters is not None:
         for argument in (*parameters.posonlyargs, *parameters.args, *parameters.kwonlyargs,
                          parameters.vararg, parameters.kwarg):
             if argument is not None:
                 bound.setdefault(argument.arg, []).append(None)
-    pending: list[ast.AST] = list(statements)
+    pending: list[ast.AST] = list(body)
     while pending:
         node = pending.pop()
         if isinstance(node, DEFINITION_NODES):
@@ -228,6 +248,9 @@ def bindings(statements: list[ast.stmt], parameters: ast.arguments | None = None
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 bound.setdefault((alias.asname or alias.name).split(".")[0], []).append(None)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                bound.setdefault(name, []).extend((None, None))
         pending.extend(ast.iter_child_nodes(node))
     return bound
 
@@ -251,9 +274,9 @@ def runs_at_import(tree: ast.Module) -> set[str]:
     return reached
 
 
-def _module_level_names(statements: list[ast.stmt]) -> set[str]:
+def _module_level_names(body: list[ast.stmt]) -> set[str]:
     names: set[str] = set()
-    for statement in statements:
+    for statement in body:
         if is_main_guard(statement):
             parts: list[ast.AST] = list(statement.orelse)
         elif isinstance(statement, FUNCTION_NODES):
@@ -273,29 +296,37 @@ def _names_in(node: ast.AST) -> set[str]:
     return {child.id for child in ast.walk(node) if isinstance(child, ast.Name)}
 
 
-# ---------------------------------------------------------------- the second pass: calls in context
+# ---------------------------------------------------------------- the walk
 
 
 class _Walker:
-    def __init__(self, facts: FileFacts, named: set[str], visit: Callable[[ast.Call, Where], None]):
-        self.facts, self.named, self.visit_call = facts, named, visit
+    def __init__(self, facts: FileFacts, project: Project, visit: Callable[[ast.Call, Where], None]):
+        self.facts, self.project, self.visit_call = facts, project, visit
+        tree = facts.source.tree
         self.is_script = facts.source.is_script
-        self.at_import_names = runs_at_import(facts.source.tree) if self.is_script else set()
+        # Only a script without a main guard re-runs its training in a spawned worker.
+        self.unguarded = self.is_script and not has_main_guard(tree)
+        self.at_import_names = runs_at_import(tree) if self.unguarded else set()
 
     def run(self) -> None:
         tree = self.facts.source.tree
-        where = Where(self.facts, Scope(bindings(tree.body), None), at_import=self.is_script)
+        where = Where(self.facts, Scope(tree.body, None, None), at_import=self.unguarded)
         for statement in tree.body:
             if is_main_guard(statement):
                 if self.is_script:  # an imported module's main block does not run
                     self.body(statement.body, _replace(where, at_import=False))
                 self.body(statement.orelse, where)
             else:
-                self.node(statement, where, top_level=True)
+                self.statement(statement, where, top_level=True)
 
     def body(self, statements: Iterable[ast.AST], where: Where) -> None:
         for statement in statements:
-            self.node(statement, where)
+            self.statement(statement, where)
+
+    def statement(self, node: ast.AST, where: Where, top_level: bool = False) -> None:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+        if self.facts.touches(first, node.end_lineno or node.lineno):
+            self.node(node, where, top_level)
 
     def node(self, node: ast.AST, where: Where, top_level: bool = False) -> None:
         kind = type(node)
@@ -311,13 +342,13 @@ class _Walker:
             for part in (*node.decorator_list, *node.bases, *node.keywords):
                 self.node(part, where)
             inner = where
-            if top_level and self.is_script:
+            if top_level and self.unguarded:
                 inner = _replace(where, at_import=node.name in self.at_import_names)
             for statement in node.body:
                 if isinstance(statement, FUNCTION_NODES):
                     self.function(statement, inner, top_level=False, method=True)
                 else:
-                    self.node(statement, inner)
+                    self.statement(statement, inner)
         elif kind in (ast.If, ast.While):
             self.node(node.test, where)
             guarded = _guarded(where, node.test)
@@ -329,23 +360,28 @@ class _Walker:
             self.node(node.body, guarded)
             self.node(node.orelse, guarded)
         elif kind is ast.BoolOp:
-            for index, value in enumerate(node.values):
-                guarded = where
-                for earlier in node.values[:index]:
-                    guarded = _guarded(guarded, earlier)
+            guarded = where
+            for value in node.values:
                 self.node(value, guarded)
+                guarded = _guarded(guarded, value)
         elif kind in (ast.Try, getattr(ast, "TryStar", ast.Try)):
             caught = " ".join(_caught(handler) for handler in node.handlers)
             self.body(node.body, _replace(where, caught=f"{where.caught} {caught}") if caught else where)
             for part in (*node.handlers, *node.orelse, *node.finalbody):
-                self.node(part, where)
+                self.statement(part, where)
+        elif isinstance(node, ast.stmt) or kind is ast.ExceptHandler:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    self.statement(child, where)
+                else:
+                    self.node(child, where)
         else:
             for child in ast.iter_child_nodes(node):
                 self.node(child, where)
 
     def function(self, node: ast.AST, where: Where, top_level: bool, method: bool = False) -> None:
         if isinstance(node, ast.Lambda):
-            scope = Scope(bindings([], node.args), node, where.scope)
+            scope = Scope([], node.args, node, where.scope)
             self.node(node.body, _replace(where, scope=scope))
             return
         for decorator in node.decorator_list:
@@ -353,15 +389,15 @@ class _Walker:
         if not method and self.is_dead(node):
             return
         at_import = where.at_import
-        if top_level and self.is_script:
+        if top_level and self.unguarded:
             at_import = node.name in self.at_import_names
-        scope = Scope(bindings(node.body, node.args), node, where.scope)
+        scope = Scope(node.body, node.args, node, where.scope)
         self.body(node.body, _replace(where, scope=scope, at_import=at_import))
 
     def is_dead(self, node: ast.AST) -> bool:
         """Defined, never named anywhere in the files read, and not decorated (a decorator
         may register it): it never runs."""
-        return not node.decorator_list and node.name not in self.named
+        return not node.decorator_list and not self.project.is_named(node.name)
 
 
 def _replace(where: Where, **changes) -> Where:

@@ -1,0 +1,215 @@
+"""How long `mpslaunch check` takes on a 2,000-line training script, and what the check adds to
+`mpslaunch launch`: `launch --cpu s.py` against `launch --cpu --no_check s.py` and `python s.py`.
+
+The script is generated: 2,000 lines of ordinary training code (models, datasets, loaders,
+training and evaluation loops, checkpoints), every function reachable from main(); its main()
+runs only when TRAIN is set, so under launch it imports torch and exits, like the start of
+any training script. The check is timed in-process (median of many runs after a warm-up), and
+the three commands alternate, medians compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEADER = '''"""A generated training script: many models, loaders and loops."""
+import argparse
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--resume", default="")
+    return parser.parse_args()
+
+'''
+
+BLOCK = '''
+class Data{i}(Dataset):
+    """Random features and labels for part {i}."""
+
+    def __init__(self, size, width, transform=None):
+        self.features = torch.randn(size, width)
+        self.labels = torch.randint(0, 10, (size,))
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        x = self.features[index]
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, self.labels[index]
+
+
+def normalize_{i}(x):
+    return (x - x.mean()) / (x.std() + 1e-6)
+
+
+def collate_{i}(batch):
+    features = torch.stack([item[0] for item in batch])
+    labels = torch.stack([item[1] for item in batch])
+    return features, labels
+
+
+class Model{i}(nn.Module):
+    def __init__(self, width, hidden=64, classes=10):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+        self.head = nn.Linear(hidden, classes)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.body(x)
+        h = self.dropout(F.gelu(h))
+        return self.head(h)
+
+
+def make_loader_{i}(args, train=True):
+    data = Data{i}(256, 16, transform=normalize_{i})
+    return DataLoader(data, batch_size=32, shuffle=train, num_workers=args.workers,
+                      collate_fn=collate_{i}, drop_last=train)
+
+
+def train_{i}(args, device):
+    model = Model{i}(16).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume, map_location=device))
+    for epoch in range(args.epochs):
+        model.train()
+        total, count = 0.0, 0
+        for features, labels in make_loader_{i}(args):
+            features, labels = features.to(device), labels.to(device)
+            with torch.autocast(device.type, enabled=device.type == "cuda"):
+                loss = F.cross_entropy(model(features), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            total += loss.item() * len(labels)
+            count += len(labels)
+        scheduler.step()
+        accuracy = evaluate_{i}(args, model, device)
+        print(f"part {i} epoch {{epoch}}: loss {{total / count:.3f}}, accuracy {{accuracy:.3f}}")
+    torch.save(model.state_dict(), os.path.join("checkpoints", "part{i}.pt"))
+    return model
+
+
+@torch.no_grad()
+def evaluate_{i}(args, model, device):
+    model.eval()
+    right, seen = 0, 0
+    for features, labels in make_loader_{i}(args, train=False):
+        predictions = model(features.to(device)).argmax(dim=1)
+        right += (predictions.cpu() == labels).sum().item()
+        seen += len(labels)
+    return right / max(seen, 1)
+'''
+
+FOOTER = '''
+
+def main():
+    args = parse_args()
+    device = torch.device(os.environ.get("MPSLAUNCH_DEVICE", "cpu"))
+    for part in PARTS:
+        part(args, device)
+
+
+PARTS = [{parts}]
+
+if __name__ == "__main__" and os.environ.get("TRAIN"):
+    main()
+'''
+
+
+def generated_script(lines: int = 2000) -> str:
+    blocks, index = [], 0
+    while True:
+        text = HEADER + "".join(blocks) + FOOTER.format(parts=", ".join(f"train_{n}" for n in range(index)))
+        if text.count("\n") >= lines:
+            return text
+        blocks.append(BLOCK.format(i=index))
+        index += 1
+
+
+def time_check(script: Path, runs: int) -> tuple[float, int, int]:
+    from mpslaunch.check import Target, check_script
+
+    target = Target("mps", 1, "Darwin")
+    check_script(script, target)  # warm-up
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        report = check_script(script, target)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), min(samples), len(report.findings)
+
+
+def mpslaunch_command() -> list[str]:
+    found = shutil.which("mpslaunch", path=str(Path(sys.executable).parent))
+    return [found] if found else [sys.executable, "-m", "mpslaunch"]
+
+
+def time_once(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check_runs", type=int, default=50, help="timed checks (default 50)")
+    parser.add_argument("--runs", type=int, default=7, help="runs of each command (default 7)")
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-bench-"))
+    script = folder / "s.py"
+    script.write_text(generated_script())
+    os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
+    lines = script.read_text().count("\n")
+    median, best, found = time_check(script, options.check_runs)
+    print(f"check of a {lines}-line script: median {median * 1000:.1f} ms, best {best * 1000:.1f} ms "
+          f"({options.check_runs} runs, {found} findings)")
+    commands = {
+        "python s.py": [sys.executable, str(script)],
+        "mpslaunch launch --cpu --no_check s.py": [*mpslaunch_command(), "launch", "--cpu", "--no_check", str(script)],
+        "mpslaunch launch --cpu s.py": [*mpslaunch_command(), "launch", "--cpu", str(script)],
+    }
+    for command in commands.values():
+        time_once(command)  # warm the file cache
+    times = {name: [] for name in commands}
+    for _ in range(options.runs):
+        for name, command in commands.items():
+            times[name].append(time_once(command))
+    base = statistics.median(times["python s.py"])
+    unchecked = statistics.median(times["mpslaunch launch --cpu --no_check s.py"])
+    print(f"{'command':40} {'median s':>9} {'ratio':>6}   ({options.runs} alternating runs)")
+    for name, samples in times.items():
+        value = statistics.median(samples)
+        print(f"{name:40} {value:9.3f} {value / base:6.3f}")
+    checked = statistics.median(times["mpslaunch launch --cpu s.py"])
+    print(f"the check adds {1000 * (checked - unchecked):.0f} ms to launch "
+          f"(ratio checked / unchecked {checked / unchecked:.3f})")
+    shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
