@@ -30,8 +30,8 @@ class Report:
 
 
 def ordered(findings: list[Finding]) -> tuple[Finding, ...]:
-    """Without duplicates (one rule, one line), what stops the run first, each file's in order."""
-    unique = {(finding.file, finding.line, finding.rule): finding for finding in findings}
+    """Without duplicates (one message, one line), what stops the run first, each file's in order."""
+    unique = {(finding.file, finding.line, finding.rule, finding.message): finding for finding in findings}
     files = list(dict.fromkeys(finding.file for finding in findings))
     return tuple(sorted(unique.values(),
                         key=lambda f: (not f.breaks, files.index(f.file), f.line, f.rule)))
