@@ -23,6 +23,10 @@ def check_script(path: Path, target: Target) -> Report:
     sources = read_sources(path)
     project = prepare(sources.files)
     rules = Rules(target, project)
-    scan(project, rules)
+    try:
+        scan(project, rules)
+    except RecursionError:  # an expression nested thousands deep (generated code)
+        raise ScriptError(f"{sources.files[0].shown} nests expressions too deeply to check; "
+                          "check the script by hand, or run it with `mpslaunch launch --no_check`") from None
     return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
                   ordered(rules.findings))
