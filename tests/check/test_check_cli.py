@@ -162,3 +162,23 @@ def test_launch_on_a_mac_warns_about_spawned_workers_even_on_cpu():
     assert result.returncode == 0, result.stderr
     assert "workers start by spawn on macOS" in result.stderr
     assert "workers" not in run_cli("launch", "--dry-run", "--cpu", script).stderr  # fork on Linux
+
+
+def test_launch_keeps_the_findings_until_a_file_changes(tmp_path, isolated_cache_dir):
+    write_script(tmp_path, "helpers.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n")
+    write_script(tmp_path, "train.py", "import torch\nfrom helpers import make\n\nmake().cuda()\n")
+
+    def warnings() -> list[str]:
+        result = run_cli("launch", "--dry-run", "--cpu", "train.py", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return [line.split(": ", 2)[2].split(":")[0:2] for line in result.stderr.splitlines()
+                if line.startswith("mpslaunch: warning: ")]
+
+    assert warnings() == [["train.py", "4"]]
+    cache = isolated_cache_dir / "script-checks.json"
+    assert "train.py" in cache.read_text()
+    assert warnings() == [["train.py", "4"]]  # read back
+    write_script(tmp_path, "helpers.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2).cuda()\n")
+    assert warnings() == [["train.py", "4"], ["helpers.py", "5"]]  # a local module changed
+    cache.write_text("{not json")
+    assert warnings() == [["train.py", "4"], ["helpers.py", "5"]]  # a damaged cache: checked again

@@ -229,3 +229,52 @@ def test_packages_and_relative_imports_in_the_scripts_folder_are_read(tmp_path):
     report = check_script(script, MAC)
     assert [Path(name).name for name in report.files] == ["train.py", "__init__.py", "nets.py"]
     assert [(Path(f.file).name, f.line) for f in report.findings] == [("nets.py", 6)]
+
+
+# ---------------------------------------------------------------- launch reads only what can matter
+
+
+def generated_benchmark_script(tmp_path) -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_speed", REPO / "benchmarks" / "check_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return write_script(tmp_path, "generated.py", module.generated_script())
+
+
+SPLIT_INSIDE_A_STRING = '''\
+import torch
+
+
+def helper():
+    """Examples:
+x = 1
+    """
+    return torch.ones(1).cuda()
+
+
+def unrelated():
+    return 1
+
+
+if __name__ == "__main__":
+    helper()
+    unrelated()
+'''
+
+
+def test_reading_only_the_parts_a_rule_can_be_about_finds_the_same(tmp_path):
+    generated = generated_benchmark_script(tmp_path)
+    split = write_script(tmp_path, "split.py", SPLIT_INSIDE_A_STRING)
+    scripts = [*SCRIPTS.glob("*.py"), REPO / "examples" / "cv_example.py",
+               REPO / "examples" / "complete_cv_example.py", generated, split,
+               write_script(tmp_path, "guarded.py", GUARDED)]
+    for script in scripts:
+        for target in EVERY_PLAN:
+            assert check_script(script, target, whole=False) == check_script(script, target), (script, target)
+    assert found(tmp_path / "split.py", MAC) == {("split.py", 8, "cuda-device")}
+    from mpslaunch.check.reading import read_sources
+
+    assert len(read_sources(generated, whole=False).files[0].left_out) > 100
+    assert read_sources(split, whole=False).files[0].left_out == ()  # split in a string: read whole

@@ -19,8 +19,10 @@ from mpslaunch.check.target import Target, described_target
 __all__ = ["Finding", "Report", "ScriptError", "Target", "check_script", "described_target"]
 
 
-def check_script(path: Path, target: Target) -> Report:
-    sources = read_sources(path)
+def check_script(path: Path, target: Target, whole: bool = True) -> Report:
+    """The findings for `target`. `whole=False` (launch) parses only the functions and classes
+    a rule can be about, and leaves syntax errors elsewhere to Python; the findings are the same."""
+    sources = read_sources(path, whole)
     project = prepare(sources.files)
     rules = Rules(target, project)
     try:

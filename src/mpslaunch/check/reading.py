@@ -15,6 +15,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpslaunch.check.selection import has_main_guard_text, selected_source, wanted_lines
 from mpslaunch.errors import MpslaunchError
 
 # A training script is a few thousand lines; past this, parsing alone would cost seconds.
@@ -31,8 +32,10 @@ class SourceFile:
     path: Path
     shown: str  # the path as messages show it
     text: str
-    tree: ast.Module
+    tree: ast.Module  # without the functions and classes that cannot matter, when read in part
     is_script: bool  # run as __main__; an imported module's main block does not run
+    wanted_lines: list[int]  # the lines a rule can be about (selection.py)
+    left_out: tuple[str, ...] = ()  # names of the module-level definitions not parsed
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,11 @@ class Sources:
     skipped: tuple[str, ...]  # one line per local module that could not be read
 
 
-def read_sources(script: Path) -> Sources:
-    """The script and the local modules it imports (transitively), parsed."""
-    first = SourceFile(script, _shown(script), *parse_file(script), True)
+def read_sources(script: Path, whole: bool = True) -> Sources:
+    """The script and the local modules it imports (transitively), parsed: whole, or (for
+    launch, where speed counts and Python reports syntax errors itself) only in the parts a
+    rule can be about."""
+    first = _source(script, True, whole)
     files, skipped, seen = [first], [], {script.resolve()}
     folder = script.resolve().parent
     index = 0
@@ -53,18 +58,33 @@ def read_sources(script: Path) -> Sources:
                 continue
             seen.add(path.resolve())
             try:
-                files.append(SourceFile(path, _shown(path), *parse_file(path), False))
+                files.append(_source(path, False, whole))
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
     return Sources(tuple(files), tuple(skipped))
 
 
-def parse_file(path: Path) -> tuple[str, ast.Module]:
-    data = _read_bytes(path)
-    text = _decode(path, data)
+def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
+    text = _decode(path, _read_bytes(path))
+    wanted = wanted_lines(text)
+    if not whole and (has_main_guard_text(text) or not is_script):
+        selected, left_out = selected_source(text, wanted)
+        try:
+            tree = ast.parse(selected, filename=str(path))
+            return SourceFile(path, _shown(path), text, tree, is_script, wanted, tuple(left_out))
+        except (SyntaxError, ValueError, RecursionError):
+            pass  # a split inside a string: read it whole
+    return SourceFile(path, _shown(path), text, parse(path, text), is_script, wanted)
+
+
+def parse_file(path: Path) -> ast.Module:
+    return parse(path, _decode(path, _read_bytes(path)))
+
+
+def parse(path: Path, text: str) -> ast.Module:
     try:
-        return text, ast.parse(text, filename=str(path))
+        return ast.parse(text, filename=str(path))
     except SyntaxError as error:
         raise ScriptError(f"{_shown(path)}:{error.lineno or 1}: syntax error: {error.msg}; "
                           "fix it (python -m py_compile shows the same)") from None

@@ -3,7 +3,7 @@ call sits under.
 
 `prepare(files)` reads each file's imports; `scan(project, visit)` walks the files and calls
 `visit(call, where)` for each call that can run. Only statements on lines that mention what a
-rule looks for are walked into (the rest of a 2,000-line script costs nothing but its parse);
+rule looks for (selection.py) are walked into;
 calls in functions nothing names, and in an imported module's main block, are left out.
 `Where` tells the rules what they need about the call's place: the words of the conditions
 around it, what a try around it catches, whether it runs when a spawned worker imports the
@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mpslaunch.check.reading import SourceFile, statements
+from mpslaunch.check.selection import module_literal_names
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 DEFINITION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-# What a rule can be about, as the source spells it; imported names and constants are added.
-TRIGGERS = ("cuda", "load", "double", "float64", "DataLoader", "init_process_group", "autocast",
-            "GradScaler", "pin_memory", "set_default")
 _START_METHOD = re.compile(r"""set_start_method\(\s*["'](\w+)["']""")
 _WORD = re.compile(r"\w+")
 _DYNAMIC = re.compile(r"\b(?:exec|globals|vars)\s*\(")  # can rebind any module name
@@ -42,6 +40,7 @@ class FileFacts:
     imports_accelerate: bool
     candidate_lines: list[int]  # sorted
     constants_trusted: bool  # no exec() or globals(): a module name bound once stays bound
+    literal_names: frozenset[str]  # names some module-level line binds to a literal
 
     def qualified(self, node: ast.expr) -> str | None:
         """`torch.cuda.amp.autocast` for a call's function, through the file's imports; None
@@ -66,12 +65,16 @@ class Scope:
     """The names a function (or the module) binds, worked out only when a rule asks."""
 
     def __init__(self, body: list[ast.stmt], parameters: ast.arguments | None,
-                 function: ast.AST | None, parent: "Scope | None" = None):
+                 function: ast.AST | None, parent: "Scope | None" = None, left_out: tuple[str, ...] = ()):
         self.body, self.parameters, self.function, self.parent = body, parameters, function, parent
+        self.left_out = left_out
 
     @cached_property
     def bindings(self) -> dict[str, list[ast.AST | None]]:
-        return bindings(self.body, self.parameters)
+        bound = bindings(self.body, self.parameters)
+        for name in self.left_out:  # bound, to something not read
+            bound.setdefault(name, []).append(None)
+        return bound
 
     def lookup(self, name: str) -> tuple[ast.AST | None, "Scope | None"]:
         """What `name` stands for here when it is bound exactly once (an expression, a def or a
@@ -110,7 +113,8 @@ class Where:
         once to a literal and not rebound where the call is; None for anything else."""
         if isinstance(node, ast.Constant):
             return node.value, None
-        if isinstance(node, ast.Name) and self.facts.constants_trusted:
+        if isinstance(node, ast.Name) and self.facts.constants_trusted \
+                and node.id in self.facts.literal_names:
             value, scope = self.scope.lookup(node.id)
             if isinstance(value, ast.Constant) and scope is not None and scope.function is None \
                     and not re.search(rf"\bglobal\b[^\n]*\b{node.id}\b", self.facts.source.text):
@@ -169,31 +173,9 @@ def _read_facts(source: SourceFile) -> FileFacts:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     text = source.text
     method = _START_METHOD.search(text)
-    words = {*TRIGGERS, *_renamed(aliases), *_string_constants(source.tree)}
     return FileFacts(source, aliases, method.group(1) if method else None,
                      any(name.split(".")[0] == "accelerate" for name in aliases.values()),
-                     _lines_with(text, words), not _DYNAMIC.search(text))
-
-
-def _renamed(aliases: dict[str, str]) -> list[str]:
-    """Local names of imported things a rule looks for under another name (`as DL`)."""
-    return [name for name, full in aliases.items()
-            if any(word in full for word in TRIGGERS) and name not in TRIGGERS]
-
-
-def _string_constants(tree: ast.Module) -> list[str]:
-    """Module-level names bound to a string: a rule may see them through `.to(device)`."""
-    return [statement.targets[0].id for statement in tree.body
-            if isinstance(statement, ast.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name)
-            and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str)]
-
-
-def _lines_with(text: str, words: Iterable[str]) -> list[int]:
-    pattern = re.compile("|".join(sorted(map(re.escape, words), key=len, reverse=True)))
-    newlines = [match.start() for match in re.finditer("\n", text)]
-    lines = {bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)}
-    return sorted(lines)
+                     source.wanted_lines, not _DYNAMIC.search(text), module_literal_names(text))
 
 
 def is_main_guard(node: ast.AST) -> bool:
@@ -310,7 +292,8 @@ class _Walker:
 
     def run(self) -> None:
         tree = self.facts.source.tree
-        where = Where(self.facts, Scope(tree.body, None, None), at_import=self.unguarded)
+        scope = Scope(tree.body, None, None, left_out=self.facts.source.left_out)
+        where = Where(self.facts, scope, at_import=self.unguarded)
         for statement in tree.body:
             if is_main_guard(statement):
                 if self.is_script:  # an imported module's main block does not run

@@ -81,10 +81,18 @@ def warn_before_launch(request: LaunchRequest, plan: LaunchPlan, machine: Machin
     script that cannot be read is left to Python, which says why when it starts."""
     if request.module or request.no_python or not request.target.endswith(".py"):
         return
-    try:
-        report = check_script(Path(request.target), Target(plan.device, plan.world_size, machine.system))
-    except MpslaunchError:
-        return
+    from mpslaunch.check import cache
+    from mpslaunch.torch_check import cache_dir
+
+    script, target = Path(request.target), Target(plan.device, plan.world_size, machine.system)
+    folder = cache_dir()
+    report = cache.read(script, target, folder)
+    if report is None:
+        try:
+            report = check_script(script, target, whole=False)
+        except MpslaunchError:
+            return
+        cache.save(script, target, report, folder)
     command = ["mpslaunch", "check", *_plan_options(request, plan), request.target]
     for line in launch_warnings(report, shlex.join(command)):
         print(line, file=sys.stderr)
