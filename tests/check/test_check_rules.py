@@ -248,8 +248,8 @@ import torch
 
 
 def helper():
-    """Examples:
-x = 1
+    """Make a tensor.
+Example: helper()
     """
     return torch.ones(1).cuda()
 

@@ -29,12 +29,15 @@ _DEFINED = re.compile(r"(?m)^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")
 
 def wanted_lines(text: str) -> list[int]:
     """The sorted numbers of the lines a rule can be about."""
-    words = set(TRIGGERS)
+    names = set()
     for line in _IMPORT_LINE.findall(text):  # `import ... as DL`: DL stands for a trigger
         if any(word in line for word in TRIGGERS):
-            words.update(_RENAMED.findall(line))
-    words.update(_MODULE_LITERAL.findall(text))  # `device = "cuda"`, then `.to(device)`
-    pattern = re.compile("|".join(sorted(map(re.escape, words), key=len, reverse=True)))
+            names.update(_RENAMED.findall(line))
+    names.update(_MODULE_LITERAL.findall(text))  # `device = "cuda"`, then `.to(device)`
+    pattern = "|".join(map(re.escape, TRIGGERS))
+    if names:
+        pattern += r"|\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b"
+    pattern = re.compile(pattern)
     newlines = _newlines(text)
     lines = {bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)}
     # an import inside a function: the module it reads is checked too
