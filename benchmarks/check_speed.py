@@ -1,11 +1,14 @@
-"""How long `mpslaunch check` takes on a 2,000-line training script, and what the check adds to
-`mpslaunch launch`: `launch --cpu s.py` against `launch --cpu --no_check s.py` and `python s.py`.
+"""How long the check takes on a 2,000-line training script, and what it adds to `mpslaunch
+launch`: `launch --cpu s.py` against `launch --cpu --no_check s.py` and `python s.py`.
 
 The script is generated: 2,000 lines of ordinary training code (models, datasets, loaders,
 training and evaluation loops, checkpoints), every function reachable from main(); its main()
 runs only when TRAIN is set, so under launch it imports torch and exits, like the start of
-any training script. The check is timed in-process (median of many runs after a warm-up), and
-the three commands alternate, medians compared.
+any training script. Timed in-process (median of many runs after a warm-up), beside a bare
+`ast.parse` of the script: `mpslaunch check` (the whole file parsed), launch's first check of
+the script (only the functions a rule can be about parsed), and launch's check of a script
+seen before (the kept findings read back). The launch commands alternate, medians compared;
+"cold" gives every launch an empty cache folder.
 """
 
 from __future__ import annotations
@@ -150,17 +153,33 @@ def generated_script(lines: int = 2000) -> str:
         index += 1
 
 
-def time_check(script: Path, runs: int) -> tuple[float, int, int]:
-    from mpslaunch.check import Target, check_script
-
-    target = Target("mps", 1, "Darwin")
-    check_script(script, target)  # warm-up
+def median_ms(action, runs: int) -> tuple[float, float]:
+    action()  # warm-up
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        report = check_script(script, target)
+        action()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples), min(samples), len(report.findings)
+    return 1000 * statistics.median(samples), 1000 * min(samples)
+
+
+def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
+    import ast
+
+    from mpslaunch.check import Target, cache, check_script
+
+    target = Target("mps", 1, "Darwin")
+    text = script.read_text()
+    folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-cache-"))
+    cache.save(script, target, check_script(script, target, whole=False), folder)
+    times = {
+        "ast.parse alone": median_ms(lambda: ast.parse(text), runs),
+        "mpslaunch check (whole file)": median_ms(lambda: check_script(script, target), runs),
+        "launch, first check": median_ms(lambda: check_script(script, target, whole=False), runs),
+        "launch, script seen before": median_ms(lambda: cache.read(script, target, folder), runs),
+    }
+    shutil.rmtree(folder, ignore_errors=True)
+    return times
 
 
 def mpslaunch_command() -> list[str]:
@@ -168,15 +187,23 @@ def mpslaunch_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "mpslaunch"]
 
 
-def time_once(command: list[str]) -> float:
+def time_once(command: list[str], cache_folder) -> float:
+    env = dict(os.environ)
+    if cache_folder == "fresh":
+        env["MPSLAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="mpslaunch-check-cold-")
+    elif cache_folder is not None:
+        env["MPSLAUNCH_CACHE_DIR"] = str(cache_folder)
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    elapsed = time.perf_counter() - start
+    if cache_folder == "fresh":
+        shutil.rmtree(env["MPSLAUNCH_CACHE_DIR"], ignore_errors=True)
+    return elapsed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check_runs", type=int, default=50, help="timed checks (default 50)")
+    parser.add_argument("--check_runs", type=int, default=30, help="timed checks of each kind (default 30)")
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (default 7)")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-bench-"))
@@ -184,29 +211,28 @@ def main() -> int:
     script.write_text(generated_script())
     os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
     lines = script.read_text().count("\n")
-    median, best, found = time_check(script, options.check_runs)
-    print(f"check of a {lines}-line script: median {median * 1000:.1f} ms, best {best * 1000:.1f} ms "
-          f"({options.check_runs} runs, {found} findings)")
+    print(f"{lines}-line script, {options.check_runs} runs each: median ms (best)")
+    for name, (median, best) in time_checks(script, options.check_runs).items():
+        print(f"  {name:32} {median:7.1f} ({best:.1f})")
+    launch = [*mpslaunch_command(), "launch", "--cpu"]
     commands = {
-        "python s.py": [sys.executable, str(script)],
-        "mpslaunch launch --cpu --no_check s.py": [*mpslaunch_command(), "launch", "--cpu", "--no_check", str(script)],
-        "mpslaunch launch --cpu s.py": [*mpslaunch_command(), "launch", "--cpu", str(script)],
+        "python s.py": ([sys.executable, str(script)], None),
+        "launch --cpu --no_check s.py": ([*launch, "--no_check", str(script)], None),
+        "launch --cpu s.py (seen before)": ([*launch, str(script)], folder / "cache"),
+        "launch --cpu s.py (cold)": ([*launch, str(script)], "fresh"),
     }
-    for command in commands.values():
-        time_once(command)  # warm the file cache
+    for command, cache_folder in commands.values():
+        time_once(command, cache_folder)  # warm the file cache (and the check's cache)
     times = {name: [] for name in commands}
     for _ in range(options.runs):
-        for name, command in commands.items():
-            times[name].append(time_once(command))
+        for name, (command, cache_folder) in commands.items():
+            times[name].append(time_once(command, cache_folder))
     base = statistics.median(times["python s.py"])
-    unchecked = statistics.median(times["mpslaunch launch --cpu --no_check s.py"])
-    print(f"{'command':40} {'median s':>9} {'ratio':>6}   ({options.runs} alternating runs)")
+    unchecked = statistics.median(times["launch --cpu --no_check s.py"])
+    print(f"{'command':34} {'median s':>9} {'ratio':>6} {'vs --no_check':>14}   ({options.runs} alternating runs)")
     for name, samples in times.items():
         value = statistics.median(samples)
-        print(f"{name:40} {value:9.3f} {value / base:6.3f}")
-    checked = statistics.median(times["mpslaunch launch --cpu s.py"])
-    print(f"the check adds {1000 * (checked - unchecked):.0f} ms to launch "
-          f"(ratio checked / unchecked {checked / unchecked:.3f})")
+        print(f"{name:34} {value:9.3f} {value / base:6.3f} {value / unchecked:14.3f}")
     shutil.rmtree(folder, ignore_errors=True)
     return 0
 
