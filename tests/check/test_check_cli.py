@@ -160,7 +160,7 @@ def test_launch_on_a_mac_warns_about_spawned_workers_even_on_cpu():
     result = subprocess.run([sys.executable, "-c", ON_A_MAC, "launch", "--dry-run", "--cpu", script],
                             capture_output=True, text=True, timeout=120, env=os.environ.copy())
     assert result.returncode == 0, result.stderr
-    assert "workers start by spawn on macOS" in result.stderr
+    assert "workers (num_workers=2) start by spawn on macOS" in result.stderr
     assert "workers" not in run_cli("launch", "--dry-run", "--cpu", script).stderr  # fork on Linux
 
 

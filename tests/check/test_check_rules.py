@@ -105,7 +105,7 @@ def test_a_tutorial_that_trains_at_module_level_breaks_where_workers_are_spawned
     assert found(script, LINUX_CPU_PY314) == expected  # forkserver, Python 3.14's default on Linux
     assert found(script, LINUX_CPU) == set()  # fork: the workers do not run the script again
     message = check_script(script, LINUX_CPU_PY314).findings[0].message
-    assert "forkserver with Python 3.14 on Linux" in message and "bootstrapping phase" in message
+    assert "start by forkserver with Python 3.14 on Linux" in message and "bootstrapping phase" in message
 
 
 def test_a_main_called_without_the_guard_and_a_lambda_collate_fn():
@@ -196,6 +196,8 @@ z = model(torch.ones(2)).detach().cpu().double()
 loader = DataLoader(list(range(8)), num_workers=0, collate_fn=lambda batch: batch)
 backend = "nccl" if use_cuda else "gloo"
 dist.init_process_group(backend)
+config = dict(device="cuda", lr=0.1)  # settings to log, not a tensor's device
+config.update(device="cuda")
 
 
 def never_called():

@@ -32,6 +32,8 @@ AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.aut
 SCALER = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"}
 FLOAT64 = {"torch.float64", "torch.double"}
 DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+# Methods whose device= places a tensor or a module.
+TENSOR_METHODS = ("to", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "to_empty")
 # DataLoader's positional parameters, in order.
 LOADER_PARAMETERS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
                      "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
@@ -86,7 +88,7 @@ class Rules:
             shown = {"torch.device": "torch.device", "torch.set_default_device":
                      "torch.set_default_device"}.get(qualified, ".to")
             what = self.cuda_argument(call.args[0] if call.args else None, shown, where)
-        if what is None and qualified not in (*CUDA_SCALER, *SCALER, *CUDA_AUTOCAST, *AUTOCAST):
+        if what is None and takes_a_device(call, name, qualified):
             for keyword in call.keywords:
                 if keyword.arg == "device":
                     what = self.cuda_argument(keyword.value, "device=", where)
@@ -239,10 +241,10 @@ class Rules:
         method = self.start_method(call, where)
         if workers is None or method == "fork":
             return
-        started = f"workers start by {method} {self.target.where}"
+        started = f"workers ({workers}) start by {method} {self.target.where}"
         if where.facts.source.is_script and where.at_import and not has_main_guard(where.facts.source.tree):
             self.add(where, call, "workers-main-guard",
-                     f"DataLoader with {workers} in a script without a main guard: {started}, each "
+                     f"DataLoader in a script without a main guard: its {started}, each "
                      f'runs this script again, and the run stops ("{BOOTSTRAP_ERROR}")',
                      'put the training in a function called under if __name__ == "__main__":',
                      fact=WORKERS)
@@ -262,8 +264,8 @@ class Rules:
                      "define the transform with def at module level", fact=WORKERS)
 
     def workers(self, call: ast.Call, where: Where) -> str | None:
-        """'num_workers=4' (or the expression) when the loader starts workers; None when it does
-        not, or cannot be told (a **kwargs)."""
+        """'num_workers=4' (or the expression: workers unless it is 0 at run time) when the
+        loader starts workers; None when it does not, or cannot be told (a **kwargs)."""
         node = loader_argument(call, "num_workers")
         if node is None:
             return None
@@ -271,7 +273,7 @@ class Rules:
         if known is not None:
             value = known[0]
             return f"num_workers={value}" if isinstance(value, int) and value > 0 else None
-        return f"workers (num_workers={ast.unparse(node)})"
+        return f"num_workers={ast.unparse(node)}"
 
     def start_method(self, call: ast.Call, where: Where) -> str:
         context = loader_argument(call, "multiprocessing_context")
@@ -309,6 +311,15 @@ def loader_argument(call: ast.Call, name: str) -> ast.expr | None:
     if any(isinstance(arg, ast.Starred) for arg in call.args[:position + 1]):
         return None
     return call.args[position] if len(call.args) > position else None
+
+
+def takes_a_device(call: ast.Call, name: str | None, qualified: str | None) -> bool:
+    """Whether `device=` of this call places tensors or a model: torch's own functions and
+    classes, a tensor's or module's methods, a Hugging Face pipeline (not `dict(device=...)`)."""
+    if qualified is None:
+        return isinstance(call.func, ast.Attribute) and name in TENSOR_METHODS
+    return (qualified.startswith(("torch.", "torchvision.", "transformers."))
+            and qualified not in (*CUDA_SCALER, *SCALER, *CUDA_AUTOCAST, *AUTOCAST))
 
 
 def is_cuda(text: str) -> bool:
