@@ -86,7 +86,7 @@ def test_the_cuda_first_script_on_several_cpu_processes():
     assert "nccl-cpu" not in {rule for _, _, rule in found(CUDA_FIRST, LINUX_CPU)}  # one process
     nccl = [f for f in check_script(CUDA_FIRST, MAC_CPU_2).findings if f.rule == "nccl-cpu"][0]
     assert "Distributed package doesn't have NCCL built in" in nccl.message  # the macOS wheels
-    assert nccl.fact is None  # not about mps
+    assert nccl.fact == "Scripts written for CUDA"
 
 
 def test_the_cuda_first_script_is_fine_on_cuda():

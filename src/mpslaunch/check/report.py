@@ -15,7 +15,7 @@ class Finding:
     message: str  # what will happen on this plan
     fix: str  # what to write instead
     breaks: bool  # the run stops (else it runs, but not as written)
-    fact: str | None = None  # the docs/mps-facts.md section a mps finding rests on
+    fact: str | None = None  # the docs/mps-facts.md section the finding rests on
 
     def line_text(self) -> str:
         return f"{self.file}:{self.line}: {self.message}; {self.fix}"

@@ -72,7 +72,7 @@ class Rules:
     def add(self, where: Where, call: ast.AST, rule: str, message: str, fix: str,
             breaks: bool = True, fact: str | None = None) -> None:
         self.findings.append(Finding(where.facts.source.shown, call.lineno, rule, message, fix,
-                                     breaks, fact if self.target.device == "mps" else None))
+                                     breaks, fact))
 
     # ------------------------------------------------------------ cuda written into the script
 

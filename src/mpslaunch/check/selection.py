@@ -14,7 +14,7 @@ import bisect
 import re
 
 # What a rule can be about, as the source spells it.
-TRIGGERS = ("cuda", ".load", "load(", "double", "float64", "DataLoader", "init_process_group",
+TRIGGERS = ("cuda", "load(", "double", "float64", "DataLoader", "init_process_group",
             "autocast", "GradScaler", "pin_memory", "set_default", "lambda")
 _IMPORT_LINE = re.compile(r"(?m)^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t][^\n]*")
 _RENAMED = re.compile(r"\bas[ \t]+(\w+)")
