@@ -40,7 +40,7 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--device", choices=("auto", "mps", "cuda", "cpu"),
+    add_option(parser, "--device", choices=profiles.DEVICES,
                help="check for this device (default: the plan launch would use here)")
     add_option(parser, "--num_processes", type=int, metavar="N",
                help="processes on all machines (default: the plan's)")
