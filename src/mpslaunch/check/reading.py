@@ -9,13 +9,16 @@ only skipped, since Python would stop at it with its own message.
 from __future__ import annotations
 
 import ast
+import bisect
 import io
 import os
 import tokenize
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
-from mpslaunch.check.selection import has_main_guard_text, selected_source, wanted_lines
+from mpslaunch.check.selection import (has_main_guard_text, import_lines, selected_source,
+                                      wanted_lines)
 from mpslaunch.errors import MpslaunchError
 
 # A training script is a few thousand lines; past this, parsing alone would cost seconds.
@@ -27,7 +30,7 @@ class ScriptError(MpslaunchError):
     """The script cannot be checked: bad input, exit code 2."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SourceFile:
     path: Path
     shown: str  # the path as messages show it
@@ -36,6 +39,13 @@ class SourceFile:
     is_script: bool  # run as __main__; an imported module's main block does not run
     wanted_lines: list[int]  # the lines a rule can be about (selection.py)
     left_out: tuple[str, ...] = ()  # names of the module-level definitions not parsed
+
+    @cached_property
+    def imports(self) -> tuple[ast.stmt, ...]:
+        """Its import statements, wherever they are (found through the lines that spell them)."""
+        lines = import_lines(self.text)
+        return tuple(node for node in statements(self.tree.body, lines)
+                     if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 @dataclass(frozen=True)
@@ -76,10 +86,6 @@ def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
         except (SyntaxError, ValueError, RecursionError):
             pass  # a split inside a string: read it whole
     return SourceFile(path, _shown(path), text, parse(path, text), is_script, wanted)
-
-
-def parse_file(path: Path) -> ast.Module:
-    return parse(path, _decode(path, _read_bytes(path)))
 
 
 def parse(path: Path, text: str) -> ast.Module:
@@ -129,7 +135,7 @@ def local_imports(source: SourceFile, folder: Path) -> list[Path]:
     """Files of the modules `source` imports that live in the script's folder (sys.path[0]
     when it runs), or relative to the module's own package."""
     found = []
-    for node in statements(source.tree.body):
+    for node in source.imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 found += _module_files(folder, alias.name.split("."))
@@ -164,14 +170,17 @@ def _module_files(base: Path, parts: list[str]) -> list[Path]:
     return files
 
 
-def statements(body: list[ast.stmt]):
-    """Every statement in a body, nested ones included (not the expressions: far fewer nodes)."""
+def statements(body: list[ast.stmt], lines: list[int]):
+    """The statements in a body, nested ones included, that span one of these (sorted) lines."""
     for node in body:
+        index = bisect.bisect_left(lines, node.lineno)
+        if index == len(lines) or lines[index] > (node.end_lineno or node.lineno):
+            continue
         yield node
         for name in ("body", "orelse", "finalbody", "handlers", "cases"):
             inner = getattr(node, name, None)
             if inner:
-                yield from statements(inner)
+                yield from statements(inner, lines)
 
 
 def _shown(path: Path) -> str:

@@ -15,18 +15,18 @@ from __future__ import annotations
 import ast
 import bisect
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
-from mpslaunch.check.reading import SourceFile, statements
+from mpslaunch.check.reading import SourceFile
 from mpslaunch.check.selection import module_literal_names
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 DEFINITION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _START_METHOD = re.compile(r"""set_start_method\(\s*["'](\w+)["']""")
 _WORD = re.compile(r"\w+")
+_GLOBAL = re.compile(r"(?m)^[ \t]*global[ \t]+([\w \t,]+)")
 _DYNAMIC = re.compile(r"\b(?:exec|globals|vars)\s*\(")  # can rebind any module name
 
 
@@ -41,6 +41,7 @@ class FileFacts:
     candidate_lines: list[int]  # sorted
     constants_trusted: bool  # no exec() or globals(): a module name bound once stays bound
     literal_names: frozenset[str]  # names some module-level line binds to a literal
+    declared_global: frozenset[str]  # names a `global` statement rebinds from a function
 
     def qualified(self, node: ast.expr) -> str | None:
         """`torch.cuda.amp.autocast` for a call's function, through the file's imports; None
@@ -117,7 +118,7 @@ class Where:
                 and node.id in self.facts.literal_names:
             value, scope = self.scope.lookup(node.id)
             if isinstance(value, ast.Constant) and scope is not None and scope.function is None \
-                    and not re.search(rf"\bglobal\b[^\n]*\b{node.id}\b", self.facts.source.text):
+                    and node.id not in self.facts.declared_global:
                 return value.value, value.lineno
         return None
 
@@ -133,16 +134,13 @@ class Project:
         return any(facts.imports_accelerate for facts in self.facts)
 
     @cached_property
-    def _word_counts(self) -> Counter:
-        counts: Counter = Counter()
-        for facts in self.facts:
-            counts.update(_WORD.findall(facts.source.text))
-        return counts
+    def _texts(self) -> tuple[str, ...]:
+        return tuple(facts.source.text for facts in self.facts)
 
     def is_named(self, name: str) -> bool:
         """Whether `name` appears anywhere besides its own definition (a call, a reference, an
-        attribute; a comment too, which only errs towards checking)."""
-        return self._word_counts[name] > 1
+        attribute; inside a longer word or a comment too, which only errs towards checking)."""
+        return sum(text.count(name) for text in self._texts) > 1
 
 
 def prepare(files: Iterable[SourceFile]) -> Project:
@@ -160,7 +158,7 @@ def scan(project: Project, visit: Callable[[ast.Call, Where], None]) -> None:
 
 def _read_facts(source: SourceFile) -> FileFacts:
     aliases: dict[str, str] = {}
-    for node in statements(source.tree.body):
+    for node in source.imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -175,7 +173,8 @@ def _read_facts(source: SourceFile) -> FileFacts:
     method = _START_METHOD.search(text)
     return FileFacts(source, aliases, method.group(1) if method else None,
                      any(name.split(".")[0] == "accelerate" for name in aliases.values()),
-                     source.wanted_lines, not _DYNAMIC.search(text), module_literal_names(text))
+                     source.wanted_lines, not _DYNAMIC.search(text), module_literal_names(text),
+                     frozenset(_WORD.findall(" ".join(_GLOBAL.findall(text)))))
 
 
 def is_main_guard(node: ast.AST) -> bool:
@@ -297,7 +296,7 @@ class _Walker:
         for statement in tree.body:
             if is_main_guard(statement):
                 if self.is_script:  # an imported module's main block does not run
-                    self.body(statement.body, _replace(where, at_import=False))
+                    self.body(statement.body, replace(where, at_import=False))
                 self.body(statement.orelse, where)
             else:
                 self.statement(statement, where, top_level=True)
@@ -326,7 +325,7 @@ class _Walker:
                 self.node(part, where)
             inner = where
             if top_level and self.unguarded:
-                inner = _replace(where, at_import=node.name in self.at_import_names)
+                inner = replace(where, at_import=node.name in self.at_import_names)
             for statement in node.body:
                 if isinstance(statement, FUNCTION_NODES):
                     self.function(statement, inner, top_level=False, method=True)
@@ -349,7 +348,7 @@ class _Walker:
                 guarded = _guarded(guarded, value)
         elif kind in (ast.Try, getattr(ast, "TryStar", ast.Try)):
             caught = " ".join(_caught(handler) for handler in node.handlers)
-            self.body(node.body, _replace(where, caught=f"{where.caught} {caught}") if caught else where)
+            self.body(node.body, replace(where, caught=f"{where.caught} {caught}") if caught else where)
             for part in (*node.handlers, *node.orelse, *node.finalbody):
                 self.statement(part, where)
         elif isinstance(node, ast.stmt) or kind is ast.ExceptHandler:
@@ -365,7 +364,7 @@ class _Walker:
     def function(self, node: ast.AST, where: Where, top_level: bool, method: bool = False) -> None:
         if isinstance(node, ast.Lambda):
             scope = Scope([], node.args, node, where.scope)
-            self.node(node.body, _replace(where, scope=scope))
+            self.node(node.body, replace(where, scope=scope))
             return
         for decorator in node.decorator_list:
             self.node(decorator, where)
@@ -375,7 +374,7 @@ class _Walker:
         if top_level and self.unguarded:
             at_import = node.name in self.at_import_names
         scope = Scope(node.body, node.args, node, where.scope)
-        self.body(node.body, _replace(where, scope=scope, at_import=at_import))
+        self.body(node.body, replace(where, scope=scope, at_import=at_import))
 
     def is_dead(self, node: ast.AST) -> bool:
         """Defined, never named anywhere in the files read, and not decorated (a decorator
@@ -383,14 +382,8 @@ class _Walker:
         return not node.decorator_list and not self.project.is_named(node.name)
 
 
-def _replace(where: Where, **changes) -> Where:
-    values = {name: getattr(where, name) for name in ("facts", "scope", "guard", "caught", "at_import")}
-    values.update(changes)
-    return Where(**values)
-
-
 def _guarded(where: Where, test: ast.AST) -> Where:
-    return _replace(where, guard=f"{where.guard} {condition_words(test)}")
+    return replace(where, guard=f"{where.guard} {condition_words(test)}")
 
 
 def _caught(handler: ast.ExceptHandler) -> str:

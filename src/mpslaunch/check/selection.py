@@ -46,6 +46,12 @@ def wanted_lines(text: str) -> list[int]:
     return sorted(lines)
 
 
+def import_lines(text: str) -> list[int]:
+    """The sorted numbers of the lines that start an import statement."""
+    newlines = _newlines(text)
+    return [bisect.bisect_left(newlines, match.start()) + 1 for match in _IMPORT_LINE.finditer(text)]
+
+
 def module_literal_names(text: str) -> frozenset[str]:
     """Names a module-level line binds to a literal (`device = "cuda"`, `NUM_WORKERS = 4`)."""
     return frozenset(_MODULE_LITERAL.findall(text))
