@@ -8,7 +8,9 @@ any training script. Timed in-process (median of many runs after a warm-up), bes
 `ast.parse` of the script: `mpslaunch check` (the whole file parsed), launch's first check of
 the script (only the functions a rule can be about parsed), and launch's check of a script
 seen before (the kept findings read back). The launch commands alternate, medians compared;
-"cold" gives every launch an empty cache folder.
+"cold" gives every launch an empty cache folder. The "stub torch" rows run the same script
+with a do-nothing torch package beside it, so the child starts in milliseconds and the
+launcher's own cost, and the check's share of it, show.
 """
 
 from __future__ import annotations
@@ -143,6 +145,17 @@ if __name__ == "__main__" and os.environ.get("TRAIN"):
 '''
 
 
+# A do-nothing torch beside the script: enough for its module-level code (classes, decorators).
+STUB_TORCH = {
+    "torch/__init__.py": "from . import nn, optim, utils\n\n\ndef no_grad():\n    return lambda f: f\n",
+    "torch/nn/__init__.py": "from . import functional\n\n\nclass Module:\n    pass\n",
+    "torch/nn/functional.py": "",
+    "torch/optim/__init__.py": "",
+    "torch/utils/__init__.py": "from . import data\n",
+    "torch/utils/data.py": "class Dataset:\n    pass\n\n\nclass DataLoader:\n    pass\n",
+}
+
+
 def generated_script(lines: int = 2000) -> str:
     blocks, index = [], 0
     while True:
@@ -214,25 +227,34 @@ def main() -> int:
     print(f"{lines}-line script, {options.check_runs} runs each: median ms (best)")
     for name, (median, best) in time_checks(script, options.check_runs).items():
         print(f"  {name:32} {median:7.1f} ({best:.1f})")
+    stubbed = folder / "stub" / "s.py"
+    for name, text in {"s.py": script.read_text(), **STUB_TORCH}.items():
+        (stubbed.parent / name).parent.mkdir(parents=True, exist_ok=True)
+        (stubbed.parent / name).write_text(text)
     launch = [*mpslaunch_command(), "launch", "--cpu"]
-    commands = {
-        "python s.py": ([sys.executable, str(script)], None),
-        "launch --cpu --no_check s.py": ([*launch, "--no_check", str(script)], None),
-        "launch --cpu s.py (seen before)": ([*launch, str(script)], folder / "cache"),
-        "launch --cpu s.py (cold)": ([*launch, str(script)], "fresh"),
-    }
+    commands = {}
+    for label, path in (("", script), (", stub torch", stubbed)):
+        commands.update({
+            f"python s.py{label}": ([sys.executable, str(path)], None),
+            f"launch --no_check{label}": ([*launch, "--no_check", str(path)], None),
+            f"launch, seen before{label}": ([*launch, str(path)], folder / "cache"),
+            f"launch, cold{label}": ([*launch, str(path)], "fresh"),
+        })
     for command, cache_folder in commands.values():
         time_once(command, cache_folder)  # warm the file cache (and the check's cache)
     times = {name: [] for name in commands}
     for _ in range(options.runs):
         for name, (command, cache_folder) in commands.items():
             times[name].append(time_once(command, cache_folder))
-    base = statistics.median(times["python s.py"])
-    unchecked = statistics.median(times["launch --cpu --no_check s.py"])
-    print(f"{'command':34} {'median s':>9} {'ratio':>6} {'vs --no_check':>14}   ({options.runs} alternating runs)")
-    for name, samples in times.items():
-        value = statistics.median(samples)
-        print(f"{name:34} {value:9.3f} {value / base:6.3f} {value / unchecked:14.3f}")
+    print(f"{'command':32} {'median s':>9} {'vs python':>10} {'vs --no_check':>14}   "
+          f"({options.runs} alternating runs)")
+    for label in ("", ", stub torch"):
+        base = statistics.median(times[f"python s.py{label}"])
+        unchecked = statistics.median(times[f"launch --no_check{label}"])
+        for name in (f"python s.py{label}", f"launch --no_check{label}", f"launch, seen before{label}",
+                     f"launch, cold{label}"):
+            value = statistics.median(times[name])
+            print(f"{name:32} {value:9.3f} {value / base:10.3f} {value / unchecked:14.3f}")
     shutil.rmtree(folder, ignore_errors=True)
     return 0
 
