@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpslaunch import profile as profiles
-from mpslaunch.check import check_script, described_target
-from mpslaunch.check.report import as_json, as_text, launch_warnings
-from mpslaunch.check.target import Target
 from mpslaunch.commands.options import add_option, add_profile_options
 from mpslaunch.errors import MpslaunchError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
+    from mpslaunch.check.target import Target
     from mpslaunch.machine import Machine
     from mpslaunch.plan import LaunchPlan, LaunchRequest
 
@@ -52,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
+    from mpslaunch.check import check_script
+    from mpslaunch.check.report import as_json, as_text
+
     target = target_from_args(args)
     report = check_script(Path(args.script), target)
     print(as_json(report) if args.json else as_text(report))
@@ -60,6 +61,8 @@ def main(args: argparse.Namespace) -> int:
 
 def target_from_args(args: argparse.Namespace) -> Target:
     import platform
+
+    from mpslaunch.check.target import Target, described_target
 
     if args.device not in (None, "auto"):
         if args.device == "mps" and (args.num_processes or 1) > 1:
@@ -81,7 +84,9 @@ def warn_before_launch(request: LaunchRequest, plan: LaunchPlan, machine: Machin
     script that cannot be read is left to Python, which says why when it starts."""
     if request.module or request.no_python or not request.target.endswith(".py"):
         return
-    from mpslaunch.check import cache
+    from mpslaunch.check import cache, check_script
+    from mpslaunch.check.report import launch_warnings
+    from mpslaunch.check.target import Target
     from mpslaunch.torch_check import cache_dir
 
     script, target = Path(request.target), Target(plan.device, plan.world_size, machine.system)
