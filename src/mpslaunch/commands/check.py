@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpslaunch import profile as profiles
-from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.commands.options import add_option, add_table_options
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.options import DEVICES
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
     from mpslaunch.check.target import Target
-    from mpslaunch.machine import Machine
-    from mpslaunch.plan import LaunchPlan, LaunchRequest
+    from mpslaunch.options import LaunchRequest
+    from mpslaunch.plan import LaunchPlan
 
 HELP = """\
 Read a training script, and the modules it imports from its own folder, and say what will
@@ -38,12 +38,12 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--device", choices=profiles.DEVICES,
+    add_option(parser, "--device", choices=DEVICES,
                help="check for this device (default: the plan launch would use here)")
     add_option(parser, "--num_processes", type=int, metavar="N",
                help="processes on all machines (default: the plan's)")
     add_option(parser, "--json", action="store_true", help="print the findings as JSON")
-    add_profile_options(parser)
+    add_table_options(parser, "profile", "config_file")
     parser.add_argument("script", help="the training script (a .py file)")
 
 
@@ -60,26 +60,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
-    import platform
-
     from mpslaunch.check.target import Target, described_target
 
     if args.device not in (None, "auto"):
         if args.device == "mps" and (args.num_processes or 1) > 1:
             raise MpslaunchError("mps runs one process (a Mac has one GPU, and the distributed "
                                  "backends take no mps tensors); check --device cpu for several")
-        return described_target(args.device, args.num_processes or 1, platform.system())
-    from mpslaunch.commands.launch import probe_for
-    from mpslaunch.plan import LaunchRequest, resolve
+        return described_target(args.device, args.num_processes or 1, os.uname().sysname)
+    from mpslaunch import launcher
+    from mpslaunch.options import LaunchRequest
 
-    profile, _, _ = profiles.read_active(args.config_file, args.profile)
-    request = LaunchRequest(target=args.script, num_processes=args.num_processes)
-    machine = probe_for(profile, request)
-    plan = resolve(profile, request, machine, os.environ)
-    return Target(plan.device, plan.world_size, machine.system)
+    request = LaunchRequest(args.script, num_processes=args.num_processes)
+    plan = launcher.prepare(request, args.profile, args.config_file, target_is_file=False)
+    return Target(plan.device, plan.world_size, os.uname().sysname)
 
 
-def warn_before_launch(request: LaunchRequest, plan: LaunchPlan, machine: Machine) -> None:
+def warn_before_launch(request: LaunchRequest, plan: LaunchPlan) -> None:
     """What `launch` runs first, for a .py script: the main findings as warnings on stderr. A
     script that cannot be read is left to Python, which says why when it starts."""
     if request.module or request.no_python or not request.target.endswith(".py"):
@@ -89,7 +85,8 @@ def warn_before_launch(request: LaunchRequest, plan: LaunchPlan, machine: Machin
     from mpslaunch.check.target import Target
     from mpslaunch.torch_check import cache_dir
 
-    script, target = Path(request.target), Target(plan.device, plan.world_size, machine.system)
+    script = Path(request.target)
+    target = Target(plan.device, plan.world_size, os.uname().sysname)  # the plan is this machine's
     folder = cache_dir()
     report = cache.read(script, target, folder)
     if report is None:
