@@ -61,8 +61,8 @@ def as_json(report: Report) -> str:
 def launch_warnings(report: Report, command: str, most: int = 5) -> list[str]:
     """What `launch` prints before the run: the first findings, and the command that shows
     them all."""
-    lines = [f"mpslaunch: warning: {finding.line_text()}" for finding in report.findings[:most]]
+    lines = [finding.line_text() for finding in report.findings[:most]]
     rest = len(report.findings) - most
     if rest > 0:
-        lines.append(f"mpslaunch: warning: {rest} more: {command}")
+        lines.append(f"{rest} more: {command}")
     return lines

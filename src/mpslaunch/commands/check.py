@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,8 +14,6 @@ from mpslaunch.options import DEVICES
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
     from mpslaunch.check.target import Target
-    from mpslaunch.options import LaunchRequest
-    from mpslaunch.plan import LaunchPlan
 
 HELP = """\
 Read a training script, and the modules it imports from its own folder, and say what will
@@ -73,38 +69,3 @@ def target_from_args(args: argparse.Namespace) -> Target:
     request = LaunchRequest(args.script, num_processes=args.num_processes)
     plan = launcher.prepare(request, args.profile, args.config_file, target_is_file=False)
     return Target(plan.device, plan.world_size, os.uname().sysname)
-
-
-def warn_before_launch(request: LaunchRequest, plan: LaunchPlan) -> None:
-    """What `launch` runs first, for a .py script: the main findings as warnings on stderr. A
-    script that cannot be read is left to Python, which says why when it starts."""
-    if request.module or request.no_python or not request.target.endswith(".py"):
-        return
-    from mpslaunch.check import cache, check_script
-    from mpslaunch.check.report import launch_warnings
-    from mpslaunch.check.target import Target
-    from mpslaunch.torch_check import cache_dir
-
-    script = Path(request.target)
-    target = Target(plan.device, plan.world_size, os.uname().sysname)  # the plan is this machine's
-    folder = cache_dir()
-    report = cache.read(script, target, folder)
-    if report is None:
-        try:
-            report = check_script(script, target, whole=False)
-        except MpslaunchError:
-            return
-        cache.save(script, target, report, folder)
-    command = ["mpslaunch", "check", *_plan_options(request, plan), request.target]
-    for line in launch_warnings(report, shlex.join(command)):
-        print(line, file=sys.stderr)
-
-
-def _plan_options(request: LaunchRequest, plan: LaunchPlan) -> list[str]:
-    """The options that make `check` see the plan launch saw, when the command line chose it."""
-    options = []
-    if request.cpu or request.device:
-        options += ["--device", plan.device]
-    if request.num_processes is not None or request.num_machines is not None:
-        options += ["--num_processes", str(plan.world_size)]
-    return options
