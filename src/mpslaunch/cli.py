@@ -33,6 +33,7 @@ COMMANDS = {
     "env": ("mpslaunch.commands.env", "print a block of facts to paste into a bug report"),
     "bench": ("mpslaunch.commands.bench", "measure whether the accelerator beats the CPU for your sizes"),
     "test": ("mpslaunch.commands.test", "check, through the real launch path, that the plan works here"),
+    "check": ("mpslaunch.commands.check", "read a script (never run it) for what will break it on this plan"),
 }
 
 

@@ -195,6 +195,9 @@ OPTIONS = (
            accelerate=True),
     Option("quiet", bool, "no summary line before the run", default=False, short="-q",
            group=OUTPUT, request=False),
+    Option("check", bool, "do not read the script first for what breaks it on this plan "
+           "(`mpslaunch check`)", default=True, profile=True, flag="--no_check", const=False,
+           group=OUTPUT),
     Option("profile", str, "the profile NAME.yaml in the config folder (default: default.yaml)",
            metavar="NAME", group=OUTPUT, request=False),
     Option("config_file", str, "a profile file anywhere (or an Accelerate config file)",

@@ -27,7 +27,7 @@ RDZV_LABELS = {
 }
 # Accelerate's own settings are not asked about: an existing profile's values are kept.
 KEPT = ("gpu_ids", "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
-        "dynamo_use_regional_compilation", "debug")
+        "dynamo_use_regional_compilation", "debug", "check")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,263 @@
+"""How long the check takes on a 2,000-line training script, and what it adds to `mpslaunch
+launch`: `launch --cpu s.py` against `launch --cpu --no_check s.py` and `python s.py`.
+
+The script is generated: 2,000 lines of ordinary training code (models, datasets, loaders,
+training and evaluation loops, checkpoints), every function reachable from main(); its main()
+runs only when TRAIN is set, so under launch it imports torch and exits, like the start of
+any training script. Timed in-process (median of many runs after a warm-up), beside a bare
+`ast.parse` of the script: `mpslaunch check` (the whole file parsed), launch's first check of
+the script (only the functions a rule can be about parsed), and launch's check of a script
+seen before (the kept findings read back). The launch commands alternate, medians compared;
+"cold" gives every launch an empty cache folder. The "stub torch" rows run the same script
+with a do-nothing torch package beside it, so the child starts in milliseconds and the
+launcher's own cost, and the check's share of it, show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEADER = '''"""A generated training script: many models, loaders and loops."""
+import argparse
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--resume", default="")
+    return parser.parse_args()
+
+'''
+
+BLOCK = '''
+class Data{i}(Dataset):
+    """Random features and labels for part {i}."""
+
+    def __init__(self, size, width, transform=None):
+        self.features = torch.randn(size, width)
+        self.labels = torch.randint(0, 10, (size,))
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        x = self.features[index]
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, self.labels[index]
+
+
+def normalize_{i}(x):
+    return (x - x.mean()) / (x.std() + 1e-6)
+
+
+def collate_{i}(batch):
+    features = torch.stack([item[0] for item in batch])
+    labels = torch.stack([item[1] for item in batch])
+    return features, labels
+
+
+class Model{i}(nn.Module):
+    def __init__(self, width, hidden=64, classes=10):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+        self.head = nn.Linear(hidden, classes)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.body(x)
+        h = self.dropout(F.gelu(h))
+        return self.head(h)
+
+
+def make_loader_{i}(args, train=True):
+    data = Data{i}(256, 16, transform=normalize_{i})
+    return DataLoader(data, batch_size=32, shuffle=train, num_workers=args.workers,
+                      collate_fn=collate_{i}, drop_last=train)
+
+
+def train_{i}(args, device):
+    model = Model{i}(16).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume, map_location=device))
+    for epoch in range(args.epochs):
+        model.train()
+        total, count = 0.0, 0
+        for features, labels in make_loader_{i}(args):
+            features, labels = features.to(device), labels.to(device)
+            with torch.autocast(device.type, enabled=device.type == "cuda"):
+                loss = F.cross_entropy(model(features), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            total += loss.item() * len(labels)
+            count += len(labels)
+        scheduler.step()
+        accuracy = evaluate_{i}(args, model, device)
+        print(f"part {i} epoch {{epoch}}: loss {{total / count:.3f}}, accuracy {{accuracy:.3f}}")
+    torch.save(model.state_dict(), os.path.join("checkpoints", "part{i}.pt"))
+    return model
+
+
+@torch.no_grad()
+def evaluate_{i}(args, model, device):
+    model.eval()
+    right, seen = 0, 0
+    for features, labels in make_loader_{i}(args, train=False):
+        predictions = model(features.to(device)).argmax(dim=1)
+        right += (predictions.cpu() == labels).sum().item()
+        seen += len(labels)
+    return right / max(seen, 1)
+'''
+
+FOOTER = '''
+
+def main():
+    args = parse_args()
+    device = torch.device(os.environ.get("MPSLAUNCH_DEVICE", "cpu"))
+    for part in PARTS:
+        part(args, device)
+
+
+PARTS = [{parts}]
+
+if __name__ == "__main__" and os.environ.get("TRAIN"):
+    main()
+'''
+
+
+# A do-nothing torch beside the script: enough for its module-level code (classes, decorators).
+STUB_TORCH = {
+    "torch/__init__.py": "from . import nn, optim, utils\n\n\ndef no_grad():\n    return lambda f: f\n",
+    "torch/nn/__init__.py": "from . import functional\n\n\nclass Module:\n    pass\n",
+    "torch/nn/functional.py": "",
+    "torch/optim/__init__.py": "",
+    "torch/utils/__init__.py": "from . import data\n",
+    "torch/utils/data.py": "class Dataset:\n    pass\n\n\nclass DataLoader:\n    pass\n",
+}
+
+
+def generated_script(lines: int = 2000) -> str:
+    blocks, index = [], 0
+    while True:
+        text = HEADER + "".join(blocks) + FOOTER.format(parts=", ".join(f"train_{n}" for n in range(index)))
+        if text.count("\n") >= lines:
+            return text
+        blocks.append(BLOCK.format(i=index))
+        index += 1
+
+
+def median_ms(action, runs: int) -> tuple[float, float]:
+    action()  # warm-up
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - start)
+    return 1000 * statistics.median(samples), 1000 * min(samples)
+
+
+def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
+    import ast
+
+    from mpslaunch.check import Target, cache, check_script
+
+    target = Target("mps", 1, "Darwin")
+    text = script.read_text()
+    folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-cache-"))
+    cache.save(script, target, check_script(script, target, whole=False), folder)
+    times = {
+        "ast.parse alone": median_ms(lambda: ast.parse(text), runs),
+        "mpslaunch check (whole file)": median_ms(lambda: check_script(script, target), runs),
+        "launch, first check": median_ms(lambda: check_script(script, target, whole=False), runs),
+        "launch, script seen before": median_ms(lambda: cache.read(script, target, folder), runs),
+    }
+    shutil.rmtree(folder, ignore_errors=True)
+    return times
+
+
+def mpslaunch_command() -> list[str]:
+    found = shutil.which("mpslaunch", path=str(Path(sys.executable).parent))
+    return [found] if found else [sys.executable, "-m", "mpslaunch"]
+
+
+def time_once(command: list[str], cache_folder) -> float:
+    env = dict(os.environ)
+    if cache_folder == "fresh":
+        env["MPSLAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="mpslaunch-check-cold-")
+    elif cache_folder is not None:
+        env["MPSLAUNCH_CACHE_DIR"] = str(cache_folder)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    elapsed = time.perf_counter() - start
+    if cache_folder == "fresh":
+        shutil.rmtree(env["MPSLAUNCH_CACHE_DIR"], ignore_errors=True)
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check_runs", type=int, default=30, help="timed checks of each kind (default 30)")
+    parser.add_argument("--runs", type=int, default=7, help="runs of each command (default 7)")
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-bench-"))
+    script = folder / "s.py"
+    script.write_text(generated_script())
+    os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
+    lines = script.read_text().count("\n")
+    print(f"{lines}-line script, {options.check_runs} runs each: median ms (best)")
+    for name, (median, best) in time_checks(script, options.check_runs).items():
+        print(f"  {name:32} {median:7.1f} ({best:.1f})")
+    stubbed = folder / "stub" / "s.py"
+    for name, text in {"s.py": script.read_text(), **STUB_TORCH}.items():
+        (stubbed.parent / name).parent.mkdir(parents=True, exist_ok=True)
+        (stubbed.parent / name).write_text(text)
+    launch = [*mpslaunch_command(), "launch", "--cpu"]
+    commands = {}
+    for label, path in (("", script), (", stub torch", stubbed)):
+        commands.update({
+            f"python s.py{label}": ([sys.executable, str(path)], None),
+            f"launch --no_check{label}": ([*launch, "--no_check", str(path)], None),
+            f"launch, seen before{label}": ([*launch, str(path)], folder / "cache"),
+            f"launch, cold{label}": ([*launch, str(path)], "fresh"),
+        })
+    for command, cache_folder in commands.values():
+        time_once(command, cache_folder)  # warm the file cache (and the check's cache)
+    times = {name: [] for name in commands}
+    for _ in range(options.runs):
+        for name, (command, cache_folder) in commands.items():
+            times[name].append(time_once(command, cache_folder))
+    print(f"{'command':32} {'median s':>9} {'vs python':>10} {'vs --no_check':>14}   "
+          f"({options.runs} alternating runs)")
+    for label in ("", ", stub torch"):
+        base = statistics.median(times[f"python s.py{label}"])
+        unchecked = statistics.median(times[f"launch --no_check{label}"])
+        for name in (f"python s.py{label}", f"launch --no_check{label}", f"launch, seen before{label}",
+                     f"launch, cold{label}"):
+            value = statistics.median(times[name])
+            print(f"{name:32} {value:9.3f} {value / base:10.3f} {value / unchecked:14.3f}")
+    shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Findings and how they are shown: one line each, `file:line: what happens; what to write`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mpslaunch.check.target import Target
+
+
+@dataclass(frozen=True)
+class Finding:
+    file: str
+    line: int
+    rule: str  # a short stable name, for tools (--json)
+    message: str  # what will happen on this plan
+    fix: str  # what to write instead
+    breaks: bool  # the run stops (else it runs, but not as written)
+    fact: str | None = None  # the docs/mps-facts.md section the finding rests on
+
+    def line_text(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}; {self.fix}"
+
+
+@dataclass(frozen=True)
+class Report:
+    target: Target
+    files: tuple[str, ...]  # the files read, the script first
+    skipped: tuple[str, ...]  # local modules that could not be read, one line each
+    findings: tuple[Finding, ...]  # what stops the run first, then by file and line
+
+
+def ordered(findings: list[Finding]) -> tuple[Finding, ...]:
+    """Without duplicates (one message, one line), what stops the run first, each file's in order."""
+    unique = {(finding.file, finding.line, finding.rule, finding.message): finding for finding in findings}
+    files = list(dict.fromkeys(finding.file for finding in findings))
+    return tuple(sorted(unique.values(),
+                        key=lambda f: (not f.breaks, files.index(f.file), f.line, f.rule)))
+
+
+def as_text(report: Report) -> str:
+    lines = [finding.line_text() for finding in report.findings]
+    lines += [f"not checked: {line}" for line in report.skipped]
+    count = len(report.findings)
+    if count:
+        lines.append(f"{count} finding{'s' if count > 1 else ''} for {report.target.describe()}")
+    else:
+        lines.append(f"nothing found for {report.target.describe()} in {len(report.files)} "
+                     f"file{'s' if len(report.files) > 1 else ''}")
+    return "\n".join(lines)
+
+
+def as_json(report: Report) -> str:
+    import json  # only for --json
+
+    target = asdict(report.target)
+    target["start_method"] = report.target.start_method
+    return json.dumps({"plan": target, "files": list(report.files), "skipped": list(report.skipped),
+                       "findings": [asdict(finding) for finding in report.findings]}, indent=2)
+
+
+def launch_warnings(report: Report, command: str, most: int = 5) -> list[str]:
+    """What `launch` prints before the run: the first findings, and the command that shows
+    them all."""
+    lines = [finding.line_text() for finding in report.findings[:most]]
+    rest = len(report.findings) - most
+    if rest > 0:
+        lines.append(f"{rest} more: {command}")
+    return lines

@@ -1,0 +1,88 @@
+"""Which lines of a file a rule can be about, found in the text before it is parsed.
+
+A rule looks at calls that name cuda, torch.load, float64, DataLoader and the like, so only the
+lines that spell one of these (or a name imported or bound to a literal under another name)
+matter. `launch` parses a script's module-level code whole and, of its functions and classes,
+only those that contain such a line: the others become blank lines, which cost the parser
+nothing and keep every line number. A script without a main guard is read whole (which of its
+functions run when a worker imports it again needs them all).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+# What a rule can be about, as the source spells it.
+TRIGGERS = ("cuda", "load(", "double", "float64", "DataLoader", "init_process_group",
+            "autocast", "GradScaler", "pin_memory", "set_default", "lambda")
+_IMPORT_LINE = re.compile(r"(?m)^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t][^\n]*")
+_RENAMED = re.compile(r"\bas[ \t]+(\w+)")
+_MODULE_LITERAL = re.compile(r"""(?m)^([A-Za-z_]\w*)[ \t]*=[ \t]*(?:[rbuRBU]?["']|-?\d)""")
+_MAIN_GUARD = re.compile(r"""(?m)^if[ \t(]+__name__[ \t]*==|^if[ \t(]+["']__main__["'][ \t]*==""")
+# A line at column 0 that starts a new top-level statement (not a comment, a closing bracket or
+# the next clause of a compound statement).
+_TOP_LEVEL = re.compile(r"(?m)^(?![ \t]|#|\n|[)\]}]|else\b|elif\b|except\b|finally\b)")
+_DEFINITION = re.compile(r"(?:async[ \t]+)?def[ \t]|class[ \t]|@")
+_DEFINED = re.compile(r"(?m)^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")
+
+
+def wanted_lines(text: str) -> list[int]:
+    """The sorted numbers of the lines a rule can be about."""
+    names = set()
+    for line in _IMPORT_LINE.findall(text):  # `import ... as DL`: DL stands for a trigger
+        if any(word in line for word in TRIGGERS):
+            names.update(_RENAMED.findall(line))
+    names.update(_MODULE_LITERAL.findall(text))  # `device = "cuda"`, then `.to(device)`
+    pattern = "|".join(map(re.escape, TRIGGERS))
+    if names:
+        pattern += r"|\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b"
+    pattern = re.compile(pattern)
+    newlines = _newlines(text)
+    lines = {bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)}
+    # an import inside a function: the module it reads is checked too
+    lines.update(bisect.bisect_left(newlines, match.start()) + 1
+                 for match in _IMPORT_LINE.finditer(text) if match.group().startswith((" ", "\t")))
+    return sorted(lines)
+
+
+def import_lines(text: str) -> list[int]:
+    """The sorted numbers of the lines that start an import statement."""
+    newlines = _newlines(text)
+    return [bisect.bisect_left(newlines, match.start()) + 1 for match in _IMPORT_LINE.finditer(text)]
+
+
+def module_literal_names(text: str) -> frozenset[str]:
+    """Names a module-level line binds to a literal (`device = "cuda"`, `NUM_WORKERS = 4`)."""
+    return frozenset(_MODULE_LITERAL.findall(text))
+
+
+def has_main_guard_text(text: str) -> bool:
+    return _MAIN_GUARD.search(text) is not None
+
+
+def selected_source(text: str, wanted: list[int]) -> tuple[str, list[str]]:
+    """The text with every top-level function or class that contains no wanted line blanked
+    out, line numbers kept, and the names they define. A wrong split (a column-0 line inside a
+    string) leaves text that does not parse, and the caller then parses the whole file."""
+    newlines = _newlines(text)
+    starts, decorated = [], False
+    for match in _TOP_LEVEL.finditer(text):
+        line = bisect.bisect_left(newlines, match.start()) + 1
+        definition = _DEFINITION.match(text, match.start()) is not None
+        if not decorated:  # a decorator's def belongs to it
+            starts.append((line, definition))
+        decorated = text.startswith("@", match.start())
+    lines = text.split("\n")
+    ends = [start for start, _ in starts[1:]] + [len(lines) + 1]
+    blanked: list[str] = []
+    for (first, definition), end in zip(starts, ends):
+        index = bisect.bisect_left(wanted, first)
+        if definition and not (index < len(wanted) and wanted[index] < end):
+            blanked += _DEFINED.findall("\n".join(lines[first - 1:end - 1]))
+            lines[first - 1:end - 1] = [""] * (end - first)
+    return "\n".join(lines), blanked
+
+
+def _newlines(text: str) -> list[int]:
+    return [match.start() for match in re.finditer("\n", text)]

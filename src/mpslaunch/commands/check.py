@@ -1,0 +1,71 @@
+"""`mpslaunch check`: read a training script (never run it) and say what will break it on the
+plan `launch` would make here, or on the plan the options describe."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mpslaunch.commands.options import add_option, add_table_options
+from mpslaunch.errors import MpslaunchError
+from mpslaunch.options import DEVICES
+
+if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
+    from mpslaunch.check.target import Target
+
+HELP = """\
+Read a training script, and the modules it imports from its own folder, and say what will
+break it on this plan before it runs: cuda written into the script on a Mac or on cpu,
+torch.load without map_location, float64 on mps, DataLoader workers that a Mac starts by
+spawn (the main guard, lambdas as collate_fn or transforms), nccl for CPU processes,
+torch.cuda.amp on mps or cpu, pin_memory on mps. The script is parsed, never imported or
+run. The plan is the one `mpslaunch launch` would use here, unless --device or
+--num_processes describe another (check a script for a Mac from Linux). Exit code 0: nothing
+found; 1: something found; 2: the script cannot be read.
+
+examples:
+  mpslaunch check train.py
+  mpslaunch check --device mps train.py          as it would run on a Mac
+  mpslaunch check --device cpu --num_processes 2 train.py
+  mpslaunch check --json train.py                for tools
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--device", choices=DEVICES,
+               help="check for this device (default: the plan launch would use here)")
+    add_option(parser, "--num_processes", type=int, metavar="N",
+               help="processes on all machines (default: the plan's)")
+    add_option(parser, "--json", action="store_true", help="print the findings as JSON")
+    add_table_options(parser, "profile", "config_file")
+    parser.add_argument("script", help="the training script (a .py file)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.num_processes is not None and args.num_processes < 1:
+        raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
+    from mpslaunch.check import check_script
+    from mpslaunch.check.report import as_json, as_text
+
+    target = target_from_args(args)
+    report = check_script(Path(args.script), target)
+    print(as_json(report) if args.json else as_text(report))
+    return 1 if report.findings else 0
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    from mpslaunch.check.target import Target, described_target
+
+    if args.device not in (None, "auto"):
+        if args.device == "mps" and (args.num_processes or 1) > 1:
+            raise MpslaunchError("mps runs one process (a Mac has one GPU, and the distributed "
+                                 "backends take no mps tensors); check --device cpu for several")
+        return described_target(args.device, args.num_processes or 1, os.uname().sysname)
+    from mpslaunch import launcher
+    from mpslaunch.options import LaunchRequest
+
+    request = LaunchRequest(args.script, num_processes=args.num_processes)
+    plan = launcher.prepare(request, args.profile, args.config_file, target_is_file=False)
+    return Target(plan.device, plan.world_size, os.uname().sysname)

@@ -1,0 +1,282 @@
+"""`mpslaunch check`'s rules on scripts written the way training scripts are written: each
+finding on the plans where it breaks the run, and silence where it does not (the examples, the
+README's snippet, an Accelerate script, a careful script with workers, device checks around
+cuda calls)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_script
+from mpslaunch.check import Target, check_script
+
+SCRIPTS = Path(__file__).parent / "scripts"
+MAC = Target("mps", 1, "Darwin")
+MAC_CPU = Target("cpu", 1, "Darwin")
+MAC_CPU_2 = Target("cpu", 2, "Darwin")
+LINUX_CPU = Target("cpu", 1, "Linux", (3, 12))
+LINUX_CPU_2 = Target("cpu", 2, "Linux", (3, 12))
+LINUX_CPU_PY314 = Target("cpu", 1, "Linux", (3, 14))
+LINUX_CUDA = Target("cuda", 1, "Linux", (3, 12))
+LINUX_CUDA_2 = Target("cuda", 2, "Linux", (3, 12))
+EVERY_PLAN = [MAC, MAC_CPU, MAC_CPU_2, LINUX_CPU, LINUX_CPU_2, LINUX_CPU_PY314, LINUX_CUDA, LINUX_CUDA_2]
+
+
+def found(path: Path, target: Target) -> set[tuple[str, int, str]]:
+    """(file name, line, rule) of each finding."""
+    return {(Path(f.file).name, f.line, f.rule) for f in check_script(path, target).findings}
+
+
+def line_of(path: Path, text: str, nth: int = 1) -> int:
+    lines = [number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line]
+    return lines[nth - 1]
+
+
+# ---------------------------------------------------------------- a CUDA-first script
+
+
+CUDA_FIRST = SCRIPTS / "cuda_first.py"
+MODELS = SCRIPTS / "models.py"
+
+
+def test_a_cuda_first_script_planned_for_mps_names_each_problem_with_its_line():
+    line = lambda text: line_of(CUDA_FIRST, text)  # noqa: E731
+    assert found(CUDA_FIRST, MAC) == {
+        ("cuda_first.py", line("set_default_dtype"), "float64-mps"),
+        ("cuda_first.py", line("loader = DataLoader"), "workers-pickle"),  # lambda transform, local collate
+        ("cuda_first.py", line("loader = DataLoader"), "pin-memory-mps"),
+        ("cuda_first.py", line(".cuda()"), "cuda-device"),
+        ("cuda_first.py", line("torch.load"), "load-map-location"),
+        ("cuda_first.py", line("GradScaler()"), "cuda-amp"),
+        ("cuda_first.py", line('.to("cuda"'), "cuda-device"),
+        ("cuda_first.py", line("with autocast()"), "cuda-amp"),
+        ("cuda_first.py", line('device="cuda"'), "cuda-device"),
+        # the local module it imports; its unused helper and its main block are left out
+        ("models.py", line_of(MODELS, 'torch.device("cuda")'), "cuda-device"),
+        ("models.py", line_of(MODELS, ".double()"), "float64-mps"),
+    }
+
+
+def test_each_finding_says_what_happens_and_what_to_write_instead(monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    report = check_script(Path("cuda_first.py"), MAC)
+    texts = [finding.line_text() for finding in report.findings]
+    assert (f"cuda_first.py:{line_of(CUDA_FIRST, '.cuda()')}: .cuda() fails on a Mac, where torch "
+            'has no CUDA ("Torch not compiled with CUDA enabled"); write .to(device) with '
+            'device = torch.device(os.environ["MPSLAUNCH_DEVICE"])') in texts
+    assert any(text.startswith("models.py:") for text in texts)
+    assert any('map_location="cpu"' in text for text in texts)
+    assert any("Cannot convert a MPS Tensor to float64" in text for text in texts)
+    assert any("collate_fn is collate, a function defined inside main()" in text for text in texts)
+    assert any("the dataset keeps a lambda in transform" in text for text in texts)
+    # each mps finding names the docs/mps-facts.md section it rests on, and that section exists
+    facts = (REPO / "docs" / "mps-facts.md").read_text()
+    for finding in report.findings:
+        assert finding.fact and f"## {finding.fact}" in facts
+    # what stops the run comes before what only misbehaves
+    assert [f.breaks for f in report.findings] == sorted((f.breaks for f in report.findings), reverse=True)
+
+
+def test_the_cuda_first_script_on_several_cpu_processes():
+    rules = {rule for _, _, rule in found(CUDA_FIRST, LINUX_CPU_2)}
+    assert rules == {"nccl-cpu", "cuda-device", "load-map-location", "cuda-amp"}
+    assert "nccl-cpu" not in {rule for _, _, rule in found(CUDA_FIRST, LINUX_CPU)}  # one process
+    nccl = [f for f in check_script(CUDA_FIRST, MAC_CPU_2).findings if f.rule == "nccl-cpu"][0]
+    assert "Distributed package doesn't have NCCL built in" in nccl.message  # the macOS wheels
+    assert nccl.fact == "Scripts written for CUDA"
+
+
+def test_the_cuda_first_script_is_fine_on_cuda():
+    assert found(CUDA_FIRST, LINUX_CUDA) == set()
+    assert found(CUDA_FIRST, LINUX_CUDA_2) == set()
+
+
+# ---------------------------------------------------------------- DataLoader workers
+
+
+def test_a_tutorial_that_trains_at_module_level_breaks_where_workers_are_spawned():
+    script = SCRIPTS / "tutorial_unguarded.py"
+    expected = {("tutorial_unguarded.py", line_of(script, "DataLoader("), "workers-main-guard")}
+    assert found(script, MAC) == expected
+    assert found(script, MAC_CPU) == expected  # spawn is macOS's, whatever the device
+    assert found(script, LINUX_CPU_PY314) == expected  # forkserver, Python 3.14's default on Linux
+    assert found(script, LINUX_CPU) == set()  # fork: the workers do not run the script again
+    message = check_script(script, LINUX_CPU_PY314).findings[0].message
+    assert "start by forkserver with Python 3.14 on Linux" in message and "bootstrapping phase" in message
+
+
+def test_a_main_called_without_the_guard_and_a_lambda_collate_fn():
+    script = SCRIPTS / "main_unguarded.py"
+    line = line_of(script, "loader = DataLoader")
+    assert found(script, MAC) == {("main_unguarded.py", line, "workers-main-guard"),
+                                  ("main_unguarded.py", line, "workers-pickle")}
+    assert found(script, LINUX_CPU) == set()
+
+
+def test_start_method_fork_chosen_by_the_script_silences_the_worker_rules(tmp_path):
+    body = (SCRIPTS / "main_unguarded.py").read_text().replace(
+        "NUM_WORKERS = 4", 'NUM_WORKERS = 4\ntorch.multiprocessing.set_start_method("fork")')
+    assert found(write_script(tmp_path, "forked.py", body), MAC_CPU) == set()
+
+
+def test_no_workers_no_worker_findings(tmp_path):
+    body = (SCRIPTS / "main_unguarded.py").read_text().replace("NUM_WORKERS = 4", "NUM_WORKERS = 0")
+    assert found(write_script(tmp_path, "inline.py", body), MAC) == set()
+
+
+# ---------------------------------------------------------------- a one-file GPT trainer
+
+
+def test_module_constants_reach_the_rules_but_not_through_exec(tmp_path):
+    script = SCRIPTS / "gpt_trainer.py"
+    to_device = {("gpt_trainer.py", line_of(script, "return x.to(device)"), "cuda-device"),
+                 ("gpt_trainer.py", line_of(script, "model.to(device)"), "cuda-device")}
+    assert found(script, MAC) == to_device
+    assert found(script, LINUX_CPU_2) == to_device | {
+        ("gpt_trainer.py", line_of(script, "init_process_group(backend"), "nccl-cpu")}
+    message = check_script(script, MAC).findings[0].message
+    assert f'device (= "cuda", line {line_of(script, "device = ")})' in message
+    # a configurator exec()'d into the module can rebind any setting: nothing is assumed
+    body = script.read_text().replace('dtype = "bfloat16"', 'exec(open("configurator.py").read())\ndtype = "bfloat16"')
+    assert found(write_script(tmp_path, "configurable.py", body), MAC) == set()
+
+
+# ---------------------------------------------------------------- silence where nothing breaks
+
+
+@pytest.mark.parametrize("target", EVERY_PLAN, ids=lambda t: f"{t.device}{t.processes}-{t.system}-{t.python[1]}")
+@pytest.mark.parametrize("script", [REPO / "examples" / "cv_example.py",
+                                    REPO / "examples" / "complete_cv_example.py",
+                                    SCRIPTS / "guarded_workers.py",
+                                    SCRIPTS / "accelerate_script.py"], ids=lambda p: p.name)
+def test_careful_scripts_stay_silent_on_every_plan(script, target):
+    assert check_script(script, target).findings == ()
+
+
+def test_the_readme_snippet_stays_silent(tmp_path):
+    section = (REPO / "README.md").read_text().split("## Your script", 1)[1].split("\n## ", 1)[0]
+    snippet = re.findall(r"```python\n(.+?)\n```", section, re.S)[0]
+    assert "init_process_group" in snippet
+    script = write_script(tmp_path, "snippet.py", snippet)
+    for target in EVERY_PLAN:
+        assert check_script(script, target).findings == ()
+
+
+GUARDED = '''\
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader
+
+use_cuda = torch.cuda.is_available()
+model = torch.nn.Linear(2, 2)
+if torch.cuda.is_available():
+    model = model.cuda()
+    dist.init_process_group("nccl")
+elif torch.backends.mps.is_available():
+    model = model.to("mps")
+else:
+    model = model.to("cpu")
+x = torch.ones(2).cuda() if use_cuda else torch.ones(2)
+y = use_cuda and torch.ones(2).cuda()
+try:
+    state = torch.load("last.pt")
+except RuntimeError:
+    state = None
+try:
+    model.cuda()
+except (AssertionError, RuntimeError):
+    pass
+scaler = torch.cuda.amp.GradScaler(enabled=use_cuda)
+with torch.autocast(device_type="cuda" if use_cuda else "cpu"):
+    pass
+metric = torch.zeros(3, dtype=torch.float64)
+z = model(torch.ones(2)).detach().cpu().double()
+loader = DataLoader(list(range(8)), num_workers=0, collate_fn=lambda batch: batch)
+backend = "nccl" if use_cuda else "gloo"
+dist.init_process_group(backend)
+config = dict(device="cuda", lr=0.1)  # settings to log, not a tensor's device
+config.update(device="cuda")
+
+
+def never_called():
+    return torch.ones(1).cuda()
+'''
+
+
+def test_code_that_already_chooses_by_device_stays_silent(tmp_path):
+    script = write_script(tmp_path, "guarded.py", GUARDED)
+    for target in EVERY_PLAN:
+        assert found(script, target) == set(), target
+
+
+# ---------------------------------------------------------------- what the check reads
+
+
+def test_a_local_module_with_a_syntax_error_is_skipped_and_said(tmp_path):
+    write_script(tmp_path, "helpers.py", "def broken(:\n")
+    script = write_script(tmp_path, "train.py", "import helpers\nimport torch\ntorch.ones(1).cuda()\n")
+    report = check_script(script, MAC)
+    assert [f.rule for f in report.findings] == ["cuda-device"]
+    assert len(report.skipped) == 1 and "helpers.py:1: syntax error" in report.skipped[0]
+
+
+def test_packages_and_relative_imports_in_the_scripts_folder_are_read(tmp_path):
+    (tmp_path / "lib").mkdir()
+    write_script(tmp_path / "lib", "__init__.py", "from .nets import Net\n")
+    write_script(tmp_path / "lib", "nets.py", "import torch\n\n\nclass Net(torch.nn.Module):\n"
+                 "    def forward(self, x):\n        return x.cuda()\n")
+    script = write_script(tmp_path, "train.py", "from lib import Net\nNet()\n")
+    report = check_script(script, MAC)
+    assert [Path(name).name for name in report.files] == ["train.py", "__init__.py", "nets.py"]
+    assert [(Path(f.file).name, f.line) for f in report.findings] == [("nets.py", 6)]
+
+
+# ---------------------------------------------------------------- launch reads only what can matter
+
+
+def generated_benchmark_script(tmp_path) -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_speed", REPO / "benchmarks" / "check_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return write_script(tmp_path, "generated.py", module.generated_script())
+
+
+SPLIT_INSIDE_A_STRING = '''\
+import torch
+
+
+def helper():
+    """Make a tensor.
+Example: helper()
+    """
+    return torch.ones(1).cuda()
+
+
+def unrelated():
+    return 1
+
+
+if __name__ == "__main__":
+    helper()
+    unrelated()
+'''
+
+
+def test_reading_only_the_parts_a_rule_can_be_about_finds_the_same(tmp_path):
+    generated = generated_benchmark_script(tmp_path)
+    split = write_script(tmp_path, "split.py", SPLIT_INSIDE_A_STRING)
+    scripts = [*SCRIPTS.glob("*.py"), REPO / "examples" / "cv_example.py",
+               REPO / "examples" / "complete_cv_example.py", generated, split,
+               write_script(tmp_path, "guarded.py", GUARDED)]
+    for script in scripts:
+        for target in EVERY_PLAN:
+            assert check_script(script, target, whole=False) == check_script(script, target), (script, target)
+    assert found(tmp_path / "split.py", MAC) == {("split.py", 8, "cuda-device")}
+    from mpslaunch.check.reading import read_sources
+
+    assert len(read_sources(generated, whole=False).files[0].left_out) > 100
+    assert read_sources(split, whole=False).files[0].left_out == ()  # split in a string: read whole
