@@ -41,7 +41,7 @@ def launch(target, *args, profile: str | None = None, config_file: str | None = 
         check_target(request)
     announce(plan, quiet)
     if function is None:
-        return execute(plan, grace_period)
+        return execute(plan, grace_period, report=not quiet)
     if plan.engine == "single":
         return _call_here(plan, function, args)
     return _run_in_processes(plan, function, args, start_method)

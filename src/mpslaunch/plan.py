@@ -55,6 +55,7 @@ class LaunchRequest:
     tee: str | None = None
     monitor_interval: float | None = None
     no_python: bool = False  # run the target itself, not `python target`
+    keep_awake: bool | None = None  # --no_keep_awake: False
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class LaunchPlan:
     monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
     no_python: bool = False  # command[0] is the target itself
     replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
+    keep_awake: bool = False  # macOS: caffeinate holds off idle sleep while the run lasts
 
     @property
     def world_size(self) -> int:
@@ -87,7 +89,8 @@ class LaunchPlan:
             processes += f" on each of {self.num_machines} machines"
         if self.one_per_gpu and self.num_processes > 1:
             processes += ", one per GPU (--num_processes 1 for one)"
-        return f"{self.reason}; precision {self.mixed_precision}; {processes}"
+        awake = "; kept awake (caffeinate, --no_keep_awake to let it sleep)" if self.keep_awake else ""
+        return f"{self.reason}; precision {self.mixed_precision}; {processes}{awake}"
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
@@ -110,6 +113,8 @@ class LaunchPlan:
             f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)"
             + (" (one per visible GPU)" if self.one_per_gpu and self.num_processes > 1 else ""),
             f"engine:          {self.engine}",
+            *([f"keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
+              if self.keep_awake else []),
             f"command:         {shlex.join(self.command)}",
             "environment added:",
             *(f"  {key}={value}" + (f"   replaced (was {self.replaced[key]})"
@@ -133,6 +138,9 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
+    problem = dynamo_problem(settings.dynamo_backend, device, machine, _source(request, "dynamo_backend"))
+    if problem:
+        raise MpslaunchError(problem)
     _check_processes(settings, device, machine)
     _check_launch_options(request, settings, device)
     problem = main_address_problem(settings, machine)
@@ -158,6 +166,7 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
         monitor_interval=request.monitor_interval,
         no_python=request.no_python,
         replaced=replaced_values(env, environ),
+        keep_awake=settings.keep_awake and machine.is_mac,
     )
 
 
@@ -332,6 +341,25 @@ def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[st
     return None
 
 
+# The first torch whose inductor compiles for mps as a release feature; 2.7's is a prototype
+# (docs/mps-facts.md: torch.compile on mps).
+MPS_COMPILE_TORCH = (2, 8)
+# Backends that trace but generate no kernels: they run wherever eager mode runs.
+_NON_COMPILING_BACKENDS = ("no", "eager", "aot_eager")
+
+
+def dynamo_problem(backend: str, device: str, machine: Machine, source: str) -> str | None:
+    """Why torch.compile with this backend cannot run on this device with this torch, or None."""
+    if device != "mps" or backend in _NON_COMPILING_BACKENDS:
+        return None
+    if version_tuple(machine.torch_version) >= MPS_COMPILE_TORCH:
+        return None
+    needed = ".".join(map(str, MPS_COMPILE_TORCH))
+    return (f"{source} {backend} asks torch.compile for mps, which compiles for mps from torch "
+            f"{needed} and this is torch {machine.torch_version}; install it with "
+            f"`pip install -U 'torch>={needed}'`, or use --dynamo_backend aot_eager or no")
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -446,6 +474,9 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         env["ACCELERATE_TORCH_DEVICE"] = device
     if device == "mps":
         env.update(mps_environment(settings, environ))
+    if "PYTHONFAULTHANDLER" not in environ:
+        # A crash in native code (a segfault, an abort in a kernel) then prints the Python stack.
+        env["PYTHONFAULTHANDLER"] = "1"
     if settings.num_processes > 1 and "OMP_NUM_THREADS" not in environ:
         # Several CPU processes each starting one thread per core oversubscribe the machine, so
         # they share the cores; GPU ranks get torchrun's own default, one thread.

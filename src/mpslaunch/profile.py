@@ -33,7 +33,7 @@ DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 RDZV_TIMEOUT = 900  # torchrun's own default, in seconds
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
-MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
+MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Profile:
     max_restarts: int = 0
     mps_fallback: bool = True  # PYTORCH_ENABLE_MPS_FALLBACK: run ops without an MPS kernel on CPU
     mps_memory_cap: float | None = None  # PYTORCH_MPS_HIGH_WATERMARK_RATIO
+    keep_awake: bool = True  # on macOS, caffeinate -i holds off idle sleep while the run lasts
     # Accelerate's own settings, under its names; the child's Accelerator() reads them.
     gpu_ids: str | None = None  # "0,2": CUDA_VISIBLE_DEVICES for the ranks; None or "all": every GPU
     dynamo_backend: str = "no"
@@ -85,6 +86,7 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "max_restarts": (int,),
     "mps_fallback": (bool,),
     "mps_memory_cap": (float, int, type(None)),
+    "keep_awake": (bool,),
     "gpu_ids": (str, type(None)),
     "dynamo_backend": (str,),
     "dynamo_mode": (str,),

@@ -87,7 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                help="also write the output (each rank's, with several) to files in DIR")
     output.add_argument("-t", "--tee", metavar="0-3",
                         help="accepted for Accelerate: every rank's output always reaches the console")
-    output.add_argument("-q", "--quiet", action="store_true", help="no summary line before the run")
+    output.add_argument("-q", "--quiet", action="store_true",
+                        help="no plan line before the run, no memory warning, no line at its end")
+    add_option(output, "--no_keep_awake", dest="keep_awake", action="store_false", default=None,
+               help="on a Mac, let it sleep during the run (by default caffeinate keeps it awake)")
     add_profile_options(output)
     add_option(parser, "--grace_period", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
                help="after Ctrl-C or SIGTERM, how long the script may take to stop (default 30)")
@@ -122,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"mps check:       {mps_check_text(machine)}")
         return 0
     announce(plan, quiet=args.quiet)
-    return execute(plan, args.grace_period)
+    return execute(plan, args.grace_period, report=not args.quiet)
 
 
 def announce(plan: LaunchPlan, quiet: bool = False, stream=None) -> None:
@@ -174,6 +177,7 @@ def request_from_args(args: argparse.Namespace) -> LaunchRequest:
         tee=args.tee,
         monitor_interval=args.monitor_interval,
         no_python=args.no_python,
+        keep_awake=args.keep_awake,
     )
 
 
@@ -215,16 +219,20 @@ def describe(plan: LaunchPlan) -> str:
     return torchrun.describe(plan)
 
 
-def execute(plan: LaunchPlan, grace_seconds: float) -> int:
+def execute(plan: LaunchPlan, grace_seconds: float, report: bool = False) -> int:
+    """Run the plan; `report`: memory warnings and the end-of-run line (launch without -q)."""
+    from mpslaunch.run.companion import Watch
+
+    watch = Watch.for_plan(plan, report, os.environ)
     if plan.engine == "single":
-        return run_child(plan.command, plan.env, grace_seconds, plan.log_dir)
+        return run_child(plan.command, plan.env, grace_seconds, plan.log_dir, watch)
     if threading.current_thread() is not threading.main_thread():
         raise MpslaunchError("several processes of a script are started from the main thread "
                              "only (stopping them needs its signal handlers); call from the main "
                              "thread, or run one process here")
     from mpslaunch.run.torchrun import elastic as torchrun
 
-    return torchrun.run(plan, grace_seconds)
+    return torchrun.run(plan, grace_seconds, watch)
 
 
 # ---------------------------------------------------------------- the target must exist

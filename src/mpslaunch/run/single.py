@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
                                      kill_group, kill_marked, linux_prctl, new_run_id,
                                      warm_process_table)
@@ -29,7 +30,15 @@ DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
+              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
+              watch: Watch | None = None) -> int:
+    with watching(watch) as run:
+        code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run)
+    run.ended(code, returncode, str(tee.folder) if tee else None)
+    return code
+
+
+def _run_child(command, env_additions, grace_seconds, log_dir, run):
     tee = Tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
@@ -43,6 +52,7 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
         supervisor.attach(child)
+        run.follow(child.pid)
         if tee:
             tee.start(child)
         warm_process_table()
@@ -56,8 +66,8 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         print(f"mpslaunch: the script was still running {grace_seconds:g} s after "
               f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
               f"killed; exit code {code}", file=sys.stderr, flush=True)
-        return code
-    return exit_code(returncode)
+        return code, returncode, tee
+    return exit_code(returncode), returncode, tee
 
 
 class _Supervisor:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from mpslaunch.run.processes import exit_code
+from mpslaunch.run.summary import crash_meaning
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,18 @@ def aborted_at_exit(failure: RankFailure) -> bool:
     return bool(tail) and tail[-1].strip() == EXIT_ABORT_LINE
 
 
-def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None) -> str:
-    """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention)."""
+def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None,
+                    fault_handler: bool = False) -> str:
+    """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention);
+    `fault_handler`: the ranks ran with PYTHONFAULTHANDLER on, so a crash printed their stack."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
     how = how_it_ended(failure.exitcode)
     if aborted_at_exit(failure):
         how = (f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
                f"{exit_code(failure.exitcode)}, \"{EXIT_ABORT_LINE}\"): a known torch problem "
                f"with gloo, {EXIT_ABORT_ISSUE}")
+    elif crash_meaning(failure.exitcode, fault_handler):
+        how += f": {crash_meaning(failure.exitcode, fault_handler)}"
     text = f"mpslaunch: rank {failure.rank} {ended} first: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and (folder / "stderr.log").is_file():
