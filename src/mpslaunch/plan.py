@@ -89,12 +89,13 @@ class LaunchPlan:
             processes += f" on each of {self.num_machines} machines"
         if self.one_per_gpu and self.num_processes > 1:
             processes += ", one per GPU (--num_processes 1 for one)"
-        awake = "; kept awake (caffeinate, --no_keep_awake to let it sleep)" if self.keep_awake else ""
-        return f"{self.reason}; precision {self.mixed_precision}; {processes}{awake}"
+        return f"{self.reason}; precision {self.mixed_precision}; {processes}"
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
         line = f"mpslaunch: {self.choice()}"
+        if self.keep_awake:
+            line += "; kept awake while it runs"
         if self.log_dir:
             line += f"; output also in {self.log_dir}"
         if self.replaced:

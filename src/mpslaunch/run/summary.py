@@ -1,11 +1,11 @@
 """The end of a run: one line with the elapsed time, the exit code, the peak resident memory of
 the script's processes and where --log_dir wrote; and what a native crash means.
 
-The peak of the largest process is exact: getrusage(RUSAGE_CHILDREN) keeps the largest
-ru_maxrss of every child the launcher waited for (kilobytes on Linux, bytes on macOS), and it
-rose during the run only because of the run's own processes. With several processes each rank's
-peak is sampled while it runs (VmHWM on Linux, the resident size on macOS), so the sum of the
-ranks' peaks can miss growth in their last second.
+Each process's peak is sampled every second while it runs (VmHWM on Linux, the resident size
+on macOS). The largest is exact when it is larger than the launcher itself:
+getrusage(RUSAGE_CHILDREN) keeps the largest ru_maxrss of every child the launcher waited for
+(kilobytes on Linux, bytes on macOS), DataLoader workers included. The sum of the ranks' peaks
+can miss growth in their last second.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ NATIVE_CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIG
 MPS_CRASH_CAUSES = "docs/mps-facts.md, \"Native crashes on mps\", in mpslaunch's repository"
 
 
-def largest_child_rss() -> int:
-    """The largest resident size of any child this process has waited for, in bytes."""
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def largest_rss(who: int = resource.RUSAGE_CHILDREN) -> int:
+    """The largest resident size of any child this process has waited for (or, with
+    RUSAGE_SELF, its own), in bytes."""
+    peak = resource.getrusage(who).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
 
@@ -37,7 +38,7 @@ class PeakTracker:
         self.processes = processes
         self.peaks: dict[int, int] = {}
         self.largest_together = 0  # the most the processes alive at once held, summed
-        self.rusage_before = largest_child_rss()
+        self.rusage_before = largest_rss()
 
     def tick(self) -> None:
         alive = []
@@ -50,8 +51,10 @@ class PeakTracker:
 
     def result(self) -> tuple[int | None, int | None]:
         """(the largest process's peak, the sum of the ranks' peaks or None for one process)."""
-        after = largest_child_rss()
-        exact = after if after > self.rusage_before else 0  # else an earlier child was larger
+        after = largest_rss()
+        # A forked child starts out with the launcher's resident size (Linux keeps that as its
+        # peak at exec), and an earlier child may have been larger: only more than both is ours.
+        exact = after if after > max(self.rusage_before, largest_rss(resource.RUSAGE_SELF)) else 0
         largest = max(exact, *self.peaks.values(), 0) or None
         several = len(self.peaks) > 1
         return largest, (max(self.largest_together, largest or 0) if several else None)

@@ -102,5 +102,5 @@ def test_an_abort_in_torchs_exit_is_named_as_such(tmp_path):
         "problem with gloo, https://github.com/pytorch/pytorch/issues/190489;")
     (folder / "stderr.log").write_text("terminate called without an active exception\nmore\n")
     plain = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
-    assert "it was killed by SIGABRT (exit code 134);" in plain  # an abort of the script's own
+    assert "it was killed by SIGABRT (exit code 134): a crash in native code;" in plain  # the script's own
 
