@@ -130,7 +130,7 @@ class MemoryWatch:
 
 
 def _size(count: float) -> str:
-    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+    for unit, scale, digits in (("GB", 2**30, 1), ("MB", 2**20, 0)):
         if count >= scale:
-            return f"{count / scale:.1f} {unit}"
+            return f"{count / scale:.{digits}f} {unit}"
     return f"{count / 2**10:.0f} KB"
