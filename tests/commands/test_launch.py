@@ -147,6 +147,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert "device:          cpu" in result.stdout
     assert "touch.py --epochs 3" in result.stdout
     assert "ACCELERATE_USE_CPU=true" in result.stdout
+    assert "  PYTHONFAULTHANDLER=1" in result.stdout.splitlines()  # a native crash shows a stack
 
 
 def test_single_process_path_does_not_import_torch(tmp_path):
