@@ -71,12 +71,16 @@ def main() -> int:
     from mpslaunch.run import memory_watch
     from mpslaunch.run.summary import PeakTracker
 
-    tracker = PeakTracker(lambda: [os.getpid()])
-    tick = per_call_seconds(tracker.tick, 2000)
+    from mpslaunch.run.torchrun.signals import rank_pids
+
     reading = per_call_seconds(memory_watch.read_memory, 200)
-    per_second = tick + reading / memory_watch.SAMPLE_SECONDS
-    print(f"one tick {tick * 1e6:.0f} us, one reading {reading * 1e6:.0f} us: "
-          f"{per_second * 1e6:.0f} us of CPU per second of run ({per_second * 100:.3f} % of a core)")
+    for what, processes in (("one process", lambda: [os.getpid()]),
+                            ("several (the ranks found among the children)", rank_pids)):
+        tick = per_call_seconds(PeakTracker(processes).tick, 1000)
+        per_second = tick + reading / memory_watch.SAMPLE_SECONDS
+        print(f"{what}: one tick {tick * 1e6:.0f} us, one reading {reading * 1e6:.0f} us: "
+              f"{per_second * 1e6:.0f} us of CPU per second of run "
+              f"({per_second * 100:.3f} % of a core)")
     return 0
 
 
