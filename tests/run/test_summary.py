@@ -79,9 +79,9 @@ def test_peaks_of_several_processes_largest_and_together(monkeypatch):
     tick = iter(range(2))
     tracker = PeakTracker(lambda: [1, 2])
     for index in tick:
-        monkeypatch.setattr(summary, "_peak_of", lambda pid: readings[pid][index] * MB)
+        monkeypatch.setattr(summary, "_peak_of", lambda pid: readings.get(pid, [0, 0])[index] * MB)
         tracker.tick()
-    monkeypatch.setattr(summary, "largest_rss", lambda who=None: 0)
+    monkeypatch.setattr(summary, "largest_rss", lambda: 0)
     assert tracker.result() == (500 * MB, 800 * MB)
 
 
@@ -102,6 +102,21 @@ def test_one_process_ends_with_its_time_code_and_peak(tmp_path, code):
     assert result.returncode == code  # unchanged
     found = END.match(last_line(result))
     assert found and found.group(2) == str(code), result.stderr
+    peak = re.search(r"; peak memory (\d+) MB$", last_line(result))
+    assert peak and 300 <= int(peak.group(1)) < 600, last_line(result)
+
+
+def test_the_peak_is_the_scripts_even_when_the_launcher_comes_from_a_big_process(tmp_path):
+    """A process forked from a large one keeps that size as its own rusage peak: a launcher
+    started from a big notebook or test runner must still report its script's peak."""
+    script = write_script(tmp_path, "alloc.py", ALLOCATE)
+    big_parent = ("import subprocess, sys; block = bytearray(700 * 2**20); "
+                  "block[::4096] = b'x' * len(block[::4096]); "
+                  "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
+    result = subprocess.run([sys.executable, "-c", big_parent, sys.executable, "-m", "mpslaunch",
+                             "launch", "--cpu", str(script), "300", "0"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
     peak = re.search(r"; peak memory (\d+) MB$", last_line(result))
     assert peak and 300 <= int(peak.group(1)) < 600, last_line(result)
 

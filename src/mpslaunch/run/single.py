@@ -39,6 +39,7 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
 
 
 def _run_child(command, env_additions, grace_seconds, log_dir, run):
+    """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = Tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}

@@ -10,6 +10,7 @@ can miss growth in their last second.
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import sys
@@ -24,10 +25,9 @@ NATIVE_CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIG
 MPS_CRASH_CAUSES = "docs/mps-facts.md, \"Native crashes on mps\", in mpslaunch's repository"
 
 
-def largest_rss(who: int = resource.RUSAGE_CHILDREN) -> int:
-    """The largest resident size of any child this process has waited for (or, with
-    RUSAGE_SELF, its own), in bytes."""
-    peak = resource.getrusage(who).ru_maxrss
+def largest_rss() -> int:
+    """The largest resident size of any child this process has waited for, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
 
@@ -54,7 +54,8 @@ class PeakTracker:
         after = largest_rss()
         # A forked child starts out with the launcher's resident size (Linux keeps that as its
         # peak at exec), and an earlier child may have been larger: only more than both is ours.
-        exact = after if after > max(self.rusage_before, largest_rss(resource.RUSAGE_SELF)) else 0
+        # (Not RUSAGE_SELF: the launcher's own holds the size of whatever process forked it.)
+        exact = after if after > max(self.rusage_before, _peak_of(os.getpid()) or 0) else 0
         largest = max(exact, *self.peaks.values(), 0) or None
         several = len(self.peaks) > 1
         return largest, (max(self.largest_together, largest or 0) if several else None)
