@@ -84,8 +84,13 @@ EXIT_ABORT_LINE = "terminate called without an active exception"
 EXIT_ABORT_ISSUE = "https://github.com/pytorch/pytorch/issues/190489"
 
 
+# What the fault handler (PYTHONFAULTHANDLER) prints after an abort: the threads' stacks follow.
+FAULT_HANDLER_ABORT = "Fatal Python error: Aborted"
+
+
 def aborted_at_exit(failure: RankFailure) -> bool:
-    """SIGABRT with std::terminate's line as the last of its stderr: torch's exit, not the script."""
+    """SIGABRT with std::terminate's line as the last of its stderr (before the fault handler's
+    stacks, if it printed them): torch's exit, not the script."""
     if failure.exitcode != -signal.SIGABRT or not failure.log_folder:
         return False
     stderr = Path(failure.log_folder) / "stderr.log"
@@ -95,6 +100,9 @@ def aborted_at_exit(failure: RankFailure) -> bool:
             tail = stream.read().decode("utf-8", "replace").strip().splitlines()
     except OSError:
         return False
+    dumps = [index for index, line in enumerate(tail) if line.strip() == FAULT_HANDLER_ABORT]
+    if dumps:
+        tail = tail[:dumps[-1]]
     return bool(tail) and tail[-1].strip() == EXIT_ABORT_LINE
 
 
