@@ -76,11 +76,14 @@ def main() -> int:
     reading = per_call_seconds(memory_watch.read_memory, 200)
     for what, processes in (("one process", lambda: [os.getpid()]),
                             ("several (the ranks found among the children)", rank_pids)):
-        tick = per_call_seconds(PeakTracker(processes).tick, 1000)
-        per_second = tick + reading / memory_watch.SAMPLE_SECONDS
-        print(f"{what}: one tick {tick * 1e6:.0f} us, one reading {reading * 1e6:.0f} us: "
-              f"{per_second * 1e6:.0f} us of CPU per second of run "
-              f"({per_second * 100:.3f} % of a core)")
+        tick = per_call_seconds(PeakTracker(lambda: [os.getpid()]).tick, 1000)
+        finding = per_call_seconds(processes, 200)
+        per_second = (tick + finding / PeakTracker.REFRESH_SECONDS
+                      + reading / memory_watch.SAMPLE_SECONDS)
+        print(f"{what}: one tick {tick * 1e6:.0f} us, finding the processes {finding * 1e6:.0f} us "
+              f"(every {PeakTracker.REFRESH_SECONDS:g} s), one reading {reading * 1e6:.0f} us "
+              f"(every {memory_watch.SAMPLE_SECONDS:g} s): {per_second * 1e6:.0f} us of CPU per "
+              f"second of run ({per_second * 100:.3f} % of a core)")
     return 0
 
 

@@ -32,21 +32,33 @@ def largest_rss() -> int:
 
 
 class PeakTracker:
-    """The peak resident memory of each process `processes()` names, sampled at each tick()."""
+    """The peak resident memory of each process `processes()` names, sampled at each tick().
+
+    Finding the processes can cost a scan of the process table (the ranks among the launcher's
+    children), so the list is asked again only every REFRESH_SECONDS, or while it is empty, or
+    once one of them is gone."""
+
+    REFRESH_SECONDS = 5.0
 
     def __init__(self, processes: Callable[[], Iterable[int]]):
         self.processes = processes
         self.peaks: dict[int, int] = {}
         self.largest_together = 0  # the most the processes alive at once held, summed
         self.rusage_before = largest_rss()
+        self.known: list[int] = []
+        self.asked_at = -self.REFRESH_SECONDS
 
     def tick(self) -> None:
+        if not self.known or time.monotonic() - self.asked_at >= self.REFRESH_SECONDS:
+            self.known, self.asked_at = list(self.processes()), time.monotonic()
         alive = []
-        for pid in self.processes():
+        for pid in self.known:
             peak = _peak_of(pid)
             if peak:
                 self.peaks[pid] = max(self.peaks.get(pid, 0), peak)
                 alive.append(pid)
+        if len(alive) < len(self.known):
+            self.known = []  # one is gone: ask again at the next tick
         self.largest_together = max(self.largest_together, sum(self.peaks[pid] for pid in alive))
 
     def result(self) -> tuple[int | None, int | None]:
