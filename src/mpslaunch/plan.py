@@ -114,7 +114,7 @@ class LaunchPlan:
             f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)"
             + (" (one per visible GPU)" if self.one_per_gpu and self.num_processes > 1 else ""),
             f"engine:          {self.engine}",
-            *([f"keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
+            *(["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
               if self.keep_awake else []),
             f"command:         {shlex.join(self.command)}",
             "environment added:",
