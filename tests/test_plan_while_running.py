@@ -9,7 +9,8 @@ import pytest
 
 from conftest import MACHINES
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.plan import LaunchRequest, resolve
+from mpslaunch.options import LaunchRequest
+from mpslaunch.plan import resolve
 from mpslaunch.profile import Profile
 
 MACS = ["m1_macos14", "m2_macos15", "m4_macos26.0", "mac_vm", "intel_mac", "rosetta"]
@@ -49,7 +50,7 @@ def test_elsewhere_nothing_changes(machine):
 
 
 def test_keep_awake_is_a_checked_profile_key(tmp_path):
-    from mpslaunch import profile as profiles
+    from mpslaunch import profile_files as profiles
 
     path = tmp_path / "p.yaml"
     path.write_text("version: 1\nkeep_awake: 'yes'\n")
