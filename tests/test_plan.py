@@ -249,7 +249,8 @@ def test_child_command_keeps_script_arguments_untouched():
 
 def test_summary_and_dry_run_text():
     plan = plan_for("m1_macos14", mixed_precision="bf16")
-    assert plan.summary() == "mpslaunch: mps: Apple M1, macOS 14.5, torch 2.14.1; precision bf16; 1 process"
+    assert plan.summary() == ("mpslaunch: mps: Apple M1, macOS 14.5, torch 2.14.1; precision bf16; "
+                              "1 process; kept awake while it runs")
     text = plan.describe()
     assert "PYTORCH_ENABLE_MPS_FALLBACK=1" in text and "command:         python3 train.py --lr 0.1" in text
 
@@ -283,7 +284,7 @@ def test_one_process_on_several_gpus_when_asked(machine):
 def test_one_gpu_macs_and_cpus_keep_one_process(machine):
     plan = plan_for(machine)
     assert (plan.num_processes, plan.engine) == (1, "single")
-    assert plan.summary().endswith("; 1 process")
+    assert plan.choice().endswith("; 1 process")
 
 
 # ---------------------------------------------------------------- Accelerate's launch options

@@ -34,7 +34,7 @@ def launch(target, *args, profile: str | None = None, config_file: str | None = 
     plan = launcher.prepare(request, profile, config_file, quiet, target_is_file=function is None)
     launcher.announce(plan, quiet)
     if function is None:
-        return launcher.execute(plan)
+        return launcher.execute(plan, report=not quiet)
     if plan.engine == "single":
         return _call_here(plan, function, args)
     return _run_in_processes(plan, function, args, start_method)

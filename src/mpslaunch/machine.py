@@ -130,6 +130,34 @@ def available_memory() -> int | None:
         return None
 
 
+def memory_pressure_level() -> int | None:
+    """macOS: the kernel's memory-pressure level (1 normal, 2 warning, 4 critical); None
+    elsewhere or when unknown."""
+    if os.uname().sysname != "Darwin":
+        return None
+    level = _sysctl("kern.memorystatus_vm_pressure_level")
+    return int(level) if level and level.isdigit() else None
+
+
+def memory_stall_microseconds() -> int | None:
+    """Linux: how long, in all, some process has waited for memory since boot (pressure stall
+    information, /proc/pressure/memory "some ... total="); None where the kernel has none."""
+    try:
+        with open("/proc/pressure/memory", encoding="ascii") as lines:
+            first = lines.readline()
+    except OSError:
+        return None
+    found = re.search(r"\btotal=(\d+)", first)
+    return int(found.group(1)) if first.startswith("some") and found else None
+
+
+def peak_resident_bytes(pid: int) -> int | None:
+    """Linux: the most resident memory process `pid` has had (VmHWM); None elsewhere or once
+    it is gone."""
+    kib = _proc_field(f"/proc/{pid}/status", "VmHWM")
+    return int(kib.split()[0]) * 1024 if kib else None
+
+
 def _proc_field(path: str, name: str) -> str | None:
     """The value of `name: value` in a /proc text file, or None."""
     try:

@@ -193,10 +193,14 @@ OPTIONS = (
     Option("tee", str, "accepted for Accelerate: every rank's output always reaches the console",
            choices=TEE_VALUES, short="-t", metavar="0-3", group=OUTPUT, shown_default="none",
            accelerate=True),
-    Option("quiet", bool, "no summary line before the run", default=False, short="-q",
-           group=OUTPUT, request=False),
+    Option("quiet", bool, "no plan line or check warnings before the run, no memory warning, "
+           "no line at its end", default=False, short="-q", group=OUTPUT, request=False),
     Option("check", bool, "do not read the script first for what breaks it on this plan "
            "(`mpslaunch check`)", default=True, profile=True, flag="--no_check", const=False,
+           group=OUTPUT),
+    # On macOS, caffeinate -i holds off idle sleep while the run lasts (run/awake.py).
+    Option("keep_awake", bool, "on a Mac, let it sleep during the run (by default caffeinate "
+           "keeps it awake)", default=True, profile=True, flag="--no_keep_awake", const=False,
            group=OUTPUT),
     Option("profile", str, "the profile NAME.yaml in the config folder (default: default.yaml)",
            metavar="NAME", group=OUTPUT, request=False),

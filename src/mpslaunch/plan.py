@@ -42,6 +42,7 @@ class Decision:
     one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
     accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
     replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
+    keep_awake: bool = False  # macOS: caffeinate holds off idle sleep while the run lasts
 
     @property
     def world_size(self) -> int:
@@ -71,6 +72,8 @@ class LaunchPlan(Decision):
     def summary(self) -> str:
         """The one line printed before the child starts."""
         line = f"mpslaunch: {self.choice()}"
+        if self.keep_awake:
+            line += "; kept awake while it runs"
         if self.log_dir:
             line += f"; output also in {self.log_dir}"
         if self.replaced:
@@ -89,6 +92,8 @@ class LaunchPlan(Decision):
             f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)"
             + (" (one per visible GPU)" if self.one_per_gpu and self.num_processes > 1 else ""),
             f"engine:          {self.engine}",
+            *(["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
+              if self.keep_awake else []),
             f"command:         {shlex.join(self.command)}",
             "environment added:",
             *(f"  {key}={value}" + (f"   replaced (was {self.replaced[key]})"
@@ -113,6 +118,9 @@ def decide(profile: Profile, options: LaunchOptions, machine: Machine,
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
+    problem = dynamo_problem(settings.dynamo_backend, device, machine, _source(options, "dynamo_backend"))
+    if problem:
+        raise MpslaunchError(problem)
     _check_processes(settings, device, machine)
     _check_multi_gpu(options, settings, device)
     problem = main_address_problem(settings, machine)
@@ -134,6 +142,7 @@ def decide(profile: Profile, options: LaunchOptions, machine: Machine,
         one_per_gpu=one_per_gpu and device == "cuda",
         accelerate_notes=accelerate_notes(options, settings, device, env),
         replaced=replaced_values(env, environ),
+        keep_awake=settings.keep_awake and machine.is_mac,
     )
 
 
@@ -337,6 +346,25 @@ def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[st
     return None
 
 
+# The first torch whose inductor compiles for mps as a release feature; 2.7's is a prototype
+# (docs/mps-facts.md: torch.compile on mps).
+MPS_COMPILE_TORCH = (2, 8)
+# Backends that trace but generate no kernels: they run wherever eager mode runs.
+_NON_COMPILING_BACKENDS = ("no", "eager", "aot_eager")
+
+
+def dynamo_problem(backend: str, device: str, machine: Machine, source: str) -> str | None:
+    """Why torch.compile with this backend cannot run on this device with this torch, or None."""
+    if device != "mps" or backend in _NON_COMPILING_BACKENDS:
+        return None
+    if version_tuple(machine.torch_version) >= MPS_COMPILE_TORCH:
+        return None
+    needed = ".".join(map(str, MPS_COMPILE_TORCH))
+    return (f"{source} {backend} asks torch.compile for mps, which compiles for mps from torch "
+            f"{needed} and this is torch {machine.torch_version}; install it with "
+            f"`pip install -U 'torch>={needed}'`, or use --dynamo_backend aot_eager or no")
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -459,6 +487,9 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         env["ACCELERATE_TORCH_DEVICE"] = device
     if device == "mps":
         env.update(mps_environment(settings, environ))
+    if "PYTHONFAULTHANDLER" not in environ:
+        # A crash in native code (a segfault, an abort in a kernel) then prints the Python stack.
+        env["PYTHONFAULTHANDLER"] = "1"
     if settings.num_processes > 1 and "OMP_NUM_THREADS" not in environ:
         # Several CPU processes each starting one thread per core oversubscribe the machine, so
         # they share the cores; GPU ranks get torchrun's own default, one thread.

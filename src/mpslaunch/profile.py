@@ -11,7 +11,7 @@ import dataclasses
 
 from mpslaunch.options import BY_NAME, PROFILE_OPTIONS, dataclass_of
 
-MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
+MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
 def _replace(self, **changes: object) -> "Profile":

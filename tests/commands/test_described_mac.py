@@ -89,10 +89,11 @@ def test_a_virtual_machine_plans_cpu_and_runs_mps_with_one_warning(tmp_path, iso
     assert "mps check:       not asked" in planned.stdout
 
     keep(isolated_cache_dir, torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02"))
-    ran = on_a_mac("launch", "--device", "mps", str(script), vm=True)
+    ran = on_a_mac("launch", "--device", "mps", "--no_keep_awake", str(script), vm=True)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "mps\n"
-    warning, summary = ran.stderr.strip().splitlines()
+    warning, summary, end = ran.stderr.strip().splitlines()
+    assert end.startswith("mpslaunch: ended after ")
     assert warning.startswith("mpslaunch: warning: mps in a macOS virtual machine is known to fail")
     assert summary.startswith("mpslaunch: mps: Apple M2 Max, macOS 26.3")
 

@@ -112,8 +112,9 @@ def test_a_user_value_the_plan_overrides_is_named(tmp_path):
     mine = {"ACCELERATE_MIXED_PRECISION": "fp16"}
     result = run_cli("launch", "--cpu", str(script), env=mine)
     assert json.loads(result.stdout)["env"]["ACCELERATE_MIXED_PRECISION"] == "no"
-    assert result.stderr.strip().endswith(
-        "; replaced in your environment: ACCELERATE_MIXED_PRECISION=fp16 (now no)")
+    plan_line, end_line = result.stderr.strip().splitlines()
+    assert plan_line.endswith("; replaced in your environment: ACCELERATE_MIXED_PRECISION=fp16 (now no)")
+    assert end_line.startswith("mpslaunch: ended after ")
     dry = run_cli("launch", "--dry-run", "--cpu", "--num_processes", "2", str(script), env=mine)
     assert "  ACCELERATE_MIXED_PRECISION=no   replaced (was fp16)" in dry.stdout.splitlines()
     assert "  ACCELERATE_USE_CPU=true" in dry.stdout.splitlines()  # not the user's: just added
@@ -128,6 +129,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert "device:          cpu" in result.stdout
     assert "touch.py --epochs 3" in result.stdout
     assert "ACCELERATE_USE_CPU=true" in result.stdout
+    assert "  PYTHONFAULTHANDLER=1" in result.stdout.splitlines()  # a native crash shows a stack
 
 
 def test_single_process_path_does_not_import_torch(tmp_path):

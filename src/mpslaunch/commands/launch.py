@@ -49,4 +49,4 @@ def main(args: argparse.Namespace) -> int:
         print(launcher.describe(plan))
         return 0
     launcher.announce(plan, quiet=args.quiet)
-    return launcher.execute(plan)
+    return launcher.execute(plan, report=not args.quiet)

@@ -21,13 +21,23 @@ from collections.abc import Mapping, Sequence
 from mpslaunch import output
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import DEFAULT_GRACE_SECONDS
+from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
                                      STOPPING_SIGNALS, exit_code, kill_group, kill_marked,
                                      linux_prctl, may_be_marked, new_run_id, warm_process_table)
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
+              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
+              watch: Watch | None = None) -> int:
+    with watching(watch) as run:
+        code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run)
+    run.ended(code, returncode, str(tee.folder) if tee else None)
+    return code
+
+
+def _run_child(command, env_additions, grace_seconds, log_dir, run):
+    """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
@@ -41,6 +51,7 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
         supervisor.attach(child)
+        run.follow(child.pid)
         if tee:
             tee.start(child)
         if not MARKS_SEEN_WITHOUT_PSUTIL:
@@ -56,8 +67,8 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         output.say(f"the script was still running {grace_seconds:g} s after "
                    f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
                    f"killed; exit code {code}")
-        return code
-    return exit_code(returncode)
+        return code, returncode, tee
+    return exit_code(returncode), returncode, tee
 
 
 class _Supervisor:

@@ -254,7 +254,9 @@ time.sleep(120)
     launcher = start_launcher(tmp_path, script, marker=marker)
     out, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 3, err
-    assert "rank 1 failed first: it exited with code 3" in err and err.endswith("; rank 0 was stopped\n")
+    *_, summary, end = err.strip().splitlines()
+    assert "rank 1 failed first: it exited with code 3" in summary and summary.endswith("; rank 0 was stopped")
+    assert end.startswith("mpslaunch: ended after ") and ", exit code 3" in end
     assert all(gone(pid) for pid in rank_pids(tmp_path))
     assert processes_with(marker) == []
     assert "Traceback" not in err  # neither the script nor the launcher raised
@@ -276,8 +278,9 @@ time.sleep(120)
     assert "[rank0] Traceback" in result.stderr and "[rank0]:" not in result.stderr
     assert result.stderr.count("Traceback") == 1
     assert "torch/distributed" not in result.stderr  # neither torch's log nor its error dump
-    summary = result.stderr.strip().splitlines()[-1]
+    *_, summary, end = result.stderr.strip().splitlines()
     assert summary.startswith("mpslaunch: rank 0 failed first: it exited with code 1")
+    assert end.startswith("mpslaunch: ended after ") and end.endswith(f"; output in {tmp_path / 'logs'}")
     stderr_log = Path(summary.split(" is in ")[1].split(";")[0])
     assert stderr_log.is_relative_to(tmp_path / "logs")
     assert "ValueError: boom in rank zero" in stderr_log.read_text()
@@ -297,7 +300,7 @@ sys.exit(3)
 """)
     result = run_cli(*TWO_CPU_RANKS, str(script), str(tmp_path), timeout=60)
     assert result.returncode == 3, result.stderr
-    summary = result.stderr.strip().splitlines()[-1]
+    *_, summary, _ = result.stderr.strip().splitlines()  # the last: the run's end
     assert summary.startswith("mpslaunch: rank 1 failed first: it exited with code 3;")
     assert summary.endswith("; rank 0 also failed: it exited with code 5")
 

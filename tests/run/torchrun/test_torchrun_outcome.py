@@ -100,7 +100,12 @@ def test_an_abort_in_torchs_exit_is_named_as_such(tmp_path):
         "mpslaunch: rank 1 failed first: it aborted in torch's exit after the script had returned "
         "(SIGABRT, exit code 134, \"terminate called without an active exception\"): a known torch "
         "problem with gloo, https://github.com/pytorch/pytorch/issues/190489;")
+    # With PYTHONFAULTHANDLER on, the threads' stacks follow the line: still torch's exit.
+    (folder / "stderr.log").write_text(
+        "all done\nterminate called without an active exception\nFatal Python error: Aborted\n\n"
+        "Thread 0x00007f0000000700 (most recent call first):\n  <no Python frame>\n")
+    assert "aborted in torch's exit" in failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)))
     (folder / "stderr.log").write_text("terminate called without an active exception\nmore\n")
     plain = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
-    assert "it was killed by SIGABRT (exit code 134);" in plain  # an abort of the script's own
+    assert "it was killed by SIGABRT (exit code 134): a crash in native code;" in plain  # the script's own
 

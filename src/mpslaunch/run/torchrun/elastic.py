@@ -22,6 +22,7 @@ from typing import Iterator, Mapping
 
 from mpslaunch.errors import MpslaunchError, error_line
 from mpslaunch.plan import LaunchPlan
+from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.processes import RUN_MARKER, exit_code, new_run_id
 from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
 from mpslaunch.run.torchrun.gate import Gate
@@ -31,7 +32,8 @@ from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VAR
                                      rendezvous_for)
 from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
                                             stopped_summary)
-from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped, adopt_orphans, sweep
+from mpslaunch.run.torchrun.signals import (LauncherSignals, Stopped, adopt_orphans, rank_pids,
+                                            sweep)
 
 
 class LaunchFailed(MpslaunchError):
@@ -92,8 +94,15 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 # ---------------------------------------------------------------- running
 
 
-def run(plan: LaunchPlan, grace_seconds: float) -> int:
+def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None) -> int:
     """Run the plan through torch's elastic agent; return the launcher's exit code."""
+    with watching(watch, rank_pids) as companion:
+        code = _run(plan, grace_seconds)
+    companion.ended(code, log_folder=plan.log_dir)
+    return code
+
+
+def _run(plan: LaunchPlan, grace_seconds: float) -> int:
     rendezvous = _new_rendezvous(plan)
     # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
     # some of which may share this host.
@@ -138,7 +147,8 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
             others = other_endings(failure, failed.failures, plan.num_processes)
-            _say("; ".join(filter(None, [failure_summary(failure, others), attempts.counted()])))
+            summary = failure_summary(failure, others, bool(os.environ.get("PYTHONFAULTHANDLER")))
+            _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
             signals.quiet()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from mpslaunch.run.processes import exit_code
+from mpslaunch.run.summary import crash_meaning
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,13 @@ EXIT_ABORT_LINE = "terminate called without an active exception"
 EXIT_ABORT_ISSUE = "https://github.com/pytorch/pytorch/issues/190489"
 
 
+# What the fault handler (PYTHONFAULTHANDLER) prints after an abort: the threads' stacks follow.
+FAULT_HANDLER_ABORT = "Fatal Python error: Aborted"
+
+
 def aborted_at_exit(failure: RankFailure) -> bool:
-    """SIGABRT with std::terminate's line as the last of its stderr: torch's exit, not the script."""
+    """SIGABRT with std::terminate's line as the last of its stderr (before the fault handler's
+    stacks, if it printed them): torch's exit, not the script."""
     if failure.exitcode != -signal.SIGABRT or not failure.log_folder:
         return False
     stderr = Path(failure.log_folder) / "stderr.log"
@@ -94,17 +100,24 @@ def aborted_at_exit(failure: RankFailure) -> bool:
             tail = stream.read().decode("utf-8", "replace").strip().splitlines()
     except OSError:
         return False
+    dumps = [index for index, line in enumerate(tail) if line.strip() == FAULT_HANDLER_ABORT]
+    if dumps:
+        tail = tail[:dumps[-1]]
     return bool(tail) and tail[-1].strip() == EXIT_ABORT_LINE
 
 
-def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None) -> str:
-    """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention)."""
+def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None,
+                    fault_handler: bool = False) -> str:
+    """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention);
+    `fault_handler`: the ranks ran with PYTHONFAULTHANDLER on, so a crash printed their stack."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
     how = how_it_ended(failure.exitcode)
     if aborted_at_exit(failure):
         how = (f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
                f"{exit_code(failure.exitcode)}, \"{EXIT_ABORT_LINE}\"): a known torch problem "
                f"with gloo, {EXIT_ABORT_ISSUE}")
+    elif crash_meaning(failure.exitcode, fault_handler):
+        how += f": {crash_meaning(failure.exitcode, fault_handler)}"
     text = f"mpslaunch: rank {failure.rank} {ended} first: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and (folder / "stderr.log").is_file():

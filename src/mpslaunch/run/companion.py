@@ -1,0 +1,76 @@
+"""What the launcher does beside the script while a run lasts, on both run paths: keeps a Mac
+awake (awake.py), watches memory pressure (memory_watch.py), and ends with one summary line
+(summary.py). The runners only open `watching(...)` around the run and call `ended(...)`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from mpslaunch.run import summary
+from mpslaunch.run.awake import kept_awake
+
+
+@dataclass(frozen=True)
+class Watch:
+    keep_awake: bool  # the plan's: macOS, unless keep_awake: false or --no_keep_awake
+    device: str
+    report: bool  # memory warnings and the end line; --quiet turns them off
+    fault_handler: bool  # the script runs with PYTHONFAULTHANDLER on, so a crash shows a stack
+
+    @classmethod
+    def for_plan(cls, plan, report: bool, environ: Mapping[str, str]) -> "Watch":
+        handler = plan.env.get("PYTHONFAULTHANDLER", environ.get("PYTHONFAULTHANDLER", ""))
+        return cls(plan.keep_awake, plan.device, report, bool(handler) and not plan.no_python)
+
+
+NOTHING = Watch(keep_awake=False, device="", report=False, fault_handler=False)
+
+
+class Run:
+    """The run as the companion sees it: the processes it follows, the clock, the end line."""
+
+    def __init__(self, watch: Watch, processes: Callable[[], Iterable[int]]):
+        self.watch = watch
+        self.followed: list[int] = []
+        self.peaks = summary.PeakTracker(lambda: [*self.followed, *processes()])
+        self.clock = summary.Clock()
+
+    def follow(self, pid: int) -> None:
+        self.followed.append(pid)
+
+    def ended(self, code: int, returncode: int | None = None, log_folder: str | None = None) -> None:
+        """Print the end line (unless quiet). `returncode`: the one process's Popen code."""
+        if not self.watch.report:
+            return
+        self.peaks.tick()
+        crash = (summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)
+                 if returncode is not None else None)
+        largest, total = self.peaks.result()
+        _say(summary.end_line(self.clock.elapsed(), code, largest, total, log_folder, crash))
+
+
+@contextmanager
+def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple) -> Iterator[Run]:
+    """Around a run: caffeinate on a Mac, and (unless quiet) the memory watch. None: nothing."""
+    run = Run(watch or NOTHING, processes)
+    watch = run.watch
+    with kept_awake(watch.keep_awake, lambda text: _say(f"mpslaunch: warning: {text}")):
+        if not watch.report:
+            yield run
+            return
+        from mpslaunch.run.memory_watch import MemoryWatch
+
+        watcher = MemoryWatch(watch.device, _say, followers=[run.peaks])
+        watcher.start()
+        try:
+            yield run
+        finally:
+            watcher.stop()
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
