@@ -13,6 +13,7 @@ import sys
 
 from mpslaunch import __version__
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.streams import guard_standard_streams
 
 HELP = """\
 Launch PyTorch training on your own machine: mps on Apple silicon, cuda on NVIDIA
@@ -108,6 +109,8 @@ def _split_help(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the program itself, not a caller in its own process
+        guard_standard_streams()
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
     parser = build_parser(command)
