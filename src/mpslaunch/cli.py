@@ -52,9 +52,15 @@ class OneLineParser(argparse.ArgumentParser):
         """' (did you mean --mixed_precision?)' for the unknown options in an argparse message."""
         if not message.startswith("unrecognized arguments: "):
             return ""
-        words = message.split(": ", 1)[1].split()
-        found = [_nearest(word.split("=", 1)[0], self._option_string_actions) for word in words
+        words = [word.split("=", 1)[0] for word in message.split(": ", 1)[1].split()
                  if word.startswith("--")]
+        # An option of this command that it did not take was given before the command's name.
+        misplaced = [word for word in words if word in self._option_string_actions]
+        if misplaced:
+            return (f" ({' '.join(misplaced)} {'is an option' if len(misplaced) == 1 else 'are options'}"
+                    f" of `{self.prog}`: give {'it' if len(misplaced) == 1 else 'them'} after "
+                    f"`{self.prog.split()[-1]}`, as in `{self.prog} {' '.join(misplaced)} ...`)")
+        found = [_nearest(word, self._option_string_actions) for word in words]
         found = list(dict.fromkeys(name for name in found if name))
         return f" (did you mean {' or '.join(found)}?)" if found else ""
 

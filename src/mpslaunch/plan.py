@@ -55,6 +55,7 @@ class LaunchRequest:
     tee: str | None = None
     monitor_interval: float | None = None
     no_python: bool = False  # run the target itself, not `python target`
+    profile_file: str | None = None  # the profile's file, for messages about its values
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
-    _check_processes(settings, device, machine)
+    _check_processes(settings, device, machine, _given(request, "num_processes",
+                                                       settings.num_processes))
     _check_launch_options(request, settings, device)
     problem = main_address_problem(settings, machine)
     if problem:
@@ -341,7 +343,8 @@ def default_processes(device: str, machine: Machine) -> int:
     return max(1, len(machine.cuda_devices)) if device == "cuda" else 1
 
 
-def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
+def _check_processes(settings: Profile, device: str, machine: Machine, asked: str) -> None:
+    """`asked`: how the messages name the number of processes and where it came from."""
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
         asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
@@ -354,13 +357,13 @@ def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
     most_cpu_processes = most_processes("cpu", machine)
     if device == "cpu" and settings.num_processes > most_cpu_processes:
         raise MpslaunchError(
-            f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
+            f"{settings.num_processes} CPU processes ({asked}) on {machine.cpu_count} cores "
             f"would thrash the machine (each process holds a model copy); use at most "
             f"{most_cpu_processes}, usually no more than {machine.cpu_count}")
     gpus = len(machine.cuda_devices)
     if device == "cuda" and settings.num_processes > gpus:
         raise MpslaunchError(
-            f"--num_processes {settings.num_processes} runs one process per GPU, but "
+            f"{asked} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
 
@@ -514,6 +517,14 @@ def _ratio_text(value: float) -> str:
 
 
 # ---------------------------------------------------------------- Accelerate's launch options
+
+
+def _given(request: LaunchRequest, key: str, value: object) -> str:
+    """A setting as a message names it: `--key value` when the flag gave it, else the profile's
+    key and file (`key: value in FILE`)."""
+    if getattr(request, key, None) is not None or not request.profile_file:
+        return f"--{key} {value}"
+    return f"{key}: {value} in {request.profile_file}"
 
 
 def _source(request: LaunchRequest, key: str) -> str:

@@ -7,6 +7,7 @@ atomically, so an interrupted write never loses the old profile.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import os
 import re
@@ -31,6 +32,7 @@ DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nv
                    "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt", "tvm")
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 RDZV_TIMEOUT = 900  # torchrun's own default, in seconds
+RDZV_TIMEOUT_MAX = 365 * 24 * 3600  # far below what Python's and torch's timeouts can hold
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
 MPS_KEYS = ("mps_fallback", "mps_memory_cap")  # they mean something on a Mac only
@@ -111,6 +113,8 @@ def check_value(key: str, value: object) -> str | None:
         return f"must be one of {', '.join(choices[key])}, not{_quoted(value)}"
     if key in ("num_processes", "num_machines", "rdzv_timeout") and value is not None and value < 1:
         return f"must be 1 or more, not {value}"
+    if key == "rdzv_timeout" and value > RDZV_TIMEOUT_MAX:
+        return f"must be at most {RDZV_TIMEOUT_MAX} seconds (a year), not {_cut(str(value))}"
     if key in ("machine_rank", "max_restarts") and value < 0:
         return f"must be 0 or more, not {value}"
     if key == "main_process_port" and not 0 <= value <= 65535:
@@ -227,13 +231,42 @@ def _read_text(path: Path) -> str:
             raise MpslaunchError(f"{path} is {max(status.st_size, len(data)):,} bytes, far too big "
                                  "for a profile; point to the right file or make a new one with "
                                  "`mpslaunch config`")
-        return data.decode("utf-8")
+        return _decode(data, path)
     except FileNotFoundError:
         raise MpslaunchError(f"no profile at {path}; make one with `mpslaunch config`") from None
     except UnicodeDecodeError:
         raise MpslaunchError(f"{path} is not a text file; a profile is YAML text") from None
     except OSError as error:
         raise MpslaunchError(f"cannot read {path}: {error.strerror}") from None
+
+
+# Editors on Windows save "Unicode" text as UTF-16 and mark it (and often UTF-8) with a BOM.
+_BYTE_ORDER_MARKS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                     (codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+                     (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _decode(data: bytes, path: Path) -> str:
+    """UTF-8, or the encoding its byte-order mark names; UnicodeDecodeError for anything else."""
+    encoding = next((name for mark, name in _BYTE_ORDER_MARKS if data.startswith(mark)), "utf-8")
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError:
+        if encoding == "utf-8":
+            raise
+        raise MpslaunchError(f"{path} is not a text file: it starts with a byte-order mark for "
+                             f"{encoding.upper().removesuffix('-SIG')} but does not decode as "
+                             "that; save the profile as UTF-8 text") from None
+    if encoding == "utf-8" and _utf16_without_a_mark(data):
+        raise MpslaunchError(f"{path} looks like UTF-16 text without a byte-order mark; save it "
+                             "as UTF-8 text")
+    return text
+
+
+def _utf16_without_a_mark(data: bytes) -> bool:
+    """ASCII text in UTF-16: a NUL in every other byte (it is also valid UTF-8)."""
+    even, odd = data[0::2], data[1::2]
+    return bool(even.strip(b"\x00")) != bool(odd.strip(b"\x00"))
 
 
 def _parse(text: str, path: Path) -> yaml.MappingNode:

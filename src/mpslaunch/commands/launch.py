@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from dataclasses import replace
 import os
 import sys
 import threading
@@ -111,6 +112,7 @@ def main(args: argparse.Namespace) -> int:
         raise MpslaunchError(f"--grace_period must be from 0 to {threading.TIMEOUT_MAX:.0f} "
                              f"seconds, not {args.grace_period}")
     profile, path, translation = profiles.read_active(args.config_file, args.profile)
+    request = replace(request, profile_file=str(path) if path else None)
     machine = probe_for(profile, request, quiet=args.quiet)
     plan = resolve(profile, request, machine, os.environ)
     note = accelerate_note(path, translation, machine) if translation and not args.quiet else None
