@@ -266,7 +266,7 @@ def _decode(data: bytes, path: Path) -> str:
 def _utf16_without_a_mark(data: bytes) -> bool:
     """ASCII text in UTF-16: a NUL in every other byte (it is also valid UTF-8)."""
     even, odd = data[0::2], data[1::2]
-    return bool(even.strip(b"\x00")) != bool(odd.strip(b"\x00"))
+    return b"\x00" in data and bool(even.strip(b"\x00")) != bool(odd.strip(b"\x00"))
 
 
 def _parse(text: str, path: Path) -> yaml.MappingNode:

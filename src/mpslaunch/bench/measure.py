@@ -1,8 +1,8 @@
 """One benchmark point, made safe: memory check, allocation, timing, clean-up.
 
 A size that cannot fit is "does not fit" (from the free memory first, so a huge cpu size or
-batch never wakes the OOM killer; then from the backend's out-of-memory error); any other error of the op
-is "failed" with its first line. Device memory is freed after every point.
+batch never wakes the OOM killer; then from the backend's out-of-memory error); any other error
+of the op is "failed" with its first line. Device memory is freed after every point.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from dataclasses import replace
 import os
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from mpslaunch import accelerate_config

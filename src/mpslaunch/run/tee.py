@@ -70,7 +70,7 @@ class Tee:
             if show is not None:
                 try:
                     show(chunk)
-                except (OSError, ValueError):  # the console went away; the file still gets everything
+                except (OSError, ValueError):  # the console went away; the files go on
                     show = None
         pipe.close()
 
