@@ -13,9 +13,10 @@ import codecs
 import pytest
 
 from conftest import MACHINES, run_cli, write_script
-from mpslaunch import profile as profiles
+from mpslaunch import profile_files
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.plan import LaunchRequest, resolve
+from mpslaunch.options import RDZV_TIMEOUT_MAX, LaunchRequest
+from mpslaunch.plan import resolve
 from mpslaunch.profile import Profile
 from test_cli import one_line_error
 
@@ -61,7 +62,7 @@ def test_a_profile_marked_with_a_byte_order_mark_is_read_as_text(tmp_path, encod
     mark, codec = marks.get(encoding, (b"", encoding))
     path = tmp_path / "p.yaml"
     path.write_bytes(mark + PROFILE_TEXT.encode(codec))
-    assert profiles.load(path) == Profile(device="cpu", num_processes=2)
+    assert profile_files.load(path) == Profile(device="cpu", num_processes=2)
 
 
 def test_a_utf16_profile_without_its_mark_is_named_as_utf16(tmp_path):
@@ -69,7 +70,7 @@ def test_a_utf16_profile_without_its_mark_is_named_as_utf16(tmp_path):
     path.write_bytes(PROFILE_TEXT.encode("utf-16-le"))
     with pytest.raises(MpslaunchError, match="looks like UTF-16 text without a byte-order mark; "
                                              "save it as UTF-8"):
-        profiles.load(path)
+        profile_files.load(path)
 
 
 def test_a_utf16_profile_through_the_cli(tmp_path):
@@ -81,24 +82,24 @@ def test_a_utf16_profile_through_the_cli(tmp_path):
     assert result.stdout == "ran\n"
 
 
-@pytest.mark.parametrize("value", [99999999999999, profiles.RDZV_TIMEOUT_MAX + 1])
+@pytest.mark.parametrize("value", [99999999999999, RDZV_TIMEOUT_MAX + 1])
 def test_a_rendezvous_timeout_too_long_for_any_clock_is_refused(tmp_path, value):
     script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
     two_machines = ["--cpu", "--num_machines", "2", "--main_process_ip", "127.0.0.1"]
     for rank in ("0", "1"):
         message = one_line_error(run_cli("launch", *two_machines, "--machine_rank", rank,
                                          "--rdzv_timeout", str(value), "--dry_run", str(script)))
-        assert f"--rdzv_timeout must be at most {profiles.RDZV_TIMEOUT_MAX} seconds" in message
+        assert f"--rdzv_timeout must be from 1 to {RDZV_TIMEOUT_MAX} seconds" in message
     path = tmp_path / "p.yaml"
     path.write_text(f"rdzv_timeout: {value}\n")
-    with pytest.raises(MpslaunchError, match="line 1: rdzv_timeout must be at most"):
-        profiles.load(path)
+    with pytest.raises(MpslaunchError, match="line 1: rdzv_timeout must be from 1 to"):
+        profile_files.load(path)
     assert not (tmp_path / "train.py.ran").exists()
 
 
 def test_the_longest_rendezvous_timeout_is_accepted(tmp_path):
     script = write_script(tmp_path, "train.py", "")
     result = run_cli("launch", "--cpu", "--num_machines", "2", "--main_process_ip", "127.0.0.1",
-                     "--machine_rank", "1", "--rdzv_timeout", str(profiles.RDZV_TIMEOUT_MAX),
+                     "--machine_rank", "1", "--rdzv_timeout", str(RDZV_TIMEOUT_MAX),
                      "--dry_run", str(script))
     assert result.returncode == 0, result.stderr

@@ -26,18 +26,6 @@ def guard_standard_streams() -> None:
         sys.stderr = DroppingStream(sys.stderr)
 
 
-def say(line: str) -> None:
-    """One launcher line on stderr; dropped if there is no stderr or it cannot be written."""
-    stream = sys.stderr
-    if stream is None:  # print(file=None) would write to stdout
-        return
-    try:
-        stream.write(line + "\n")
-        stream.flush()
-    except (OSError, ValueError):
-        pass
-
-
 class DroppingStream:
     """A text stream that drops what its target cannot take; everything else is the target's."""
 

@@ -18,9 +18,9 @@ import threading
 import time
 from pathlib import Path
 
+from mpslaunch import output
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.run.logdir import cannot_write, usable_log_dir
-from mpslaunch.streams import say
 
 _CHUNK = 65536
 _DRAIN_SECONDS = 5.0  # after the child's group is gone; a daemon that kept the pipe is not waited for
@@ -78,8 +78,8 @@ class Tee:
         self.files_off.set()
         if not self.warned.acquire(blocking=False):
             return  # the other stream's file failed first and said so
-        say(f"mpslaunch: warning: cannot write {log.name}: {_why(error)}; from here on the "
-            "output goes to the console only")
+        output.warning(f"cannot write {log.name}: {_why(error)}; from here on the output goes "
+                       "to the console only")
 
 
 def _why(error: Exception) -> str:

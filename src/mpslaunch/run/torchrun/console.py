@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
-RANK_PREFIX = re.compile(r"\[rank\d+\] ")  # torchrun_args.LINE_PREFIX, rendered
+RANK_PREFIX = re.compile(r"\[rank\d+\] ")  # args.LINE_PREFIX, rendered
 _LINE_END = re.compile(r"\r\n|\r|\n")
 MAX_HELD = 65536  # characters of one rank's unfinished line held back for its end
 
