@@ -64,9 +64,10 @@ class OneLineParser(argparse.ArgumentParser):
         # An option of this command that it did not take was given before the command's name.
         misplaced = [word for word in words if word in self._option_string_actions]
         if misplaced:
-            return (f" ({' '.join(misplaced)} {'is an option' if len(misplaced) == 1 else 'are options'}"
-                    f" of `{self.prog}`: give {'it' if len(misplaced) == 1 else 'them'} after "
-                    f"`{self.prog.split()[-1]}`, as in `{self.prog} {' '.join(misplaced)} ...`)")
+            names, one = " ".join(misplaced), len(misplaced) == 1
+            return (f" ({names} {'is an option' if one else 'are options'} of `{self.prog}`: "
+                    f"give {'it' if one else 'them'} after `{self.prog.split()[-1]}`, as in "
+                    f"`{self.prog} {names} ...`)")
         found = [_nearest(word, self._option_string_actions) for word in words]
         found = list(dict.fromkeys(name for name in found if name))
         return f" (did you mean {' or '.join(found)}?)" if found else ""
