@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_script
+from conftest import file_line, write_script
 from mpslaunch.run.torchrun.console import MAX_HELD
-from test_faults import marker, one_line_error, run_env, wait_for  # noqa: F401 (fixture)
+from test_faults import marker, one_line_error, run_env  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
 
@@ -146,7 +146,7 @@ def test_one_process_on_a_full_disk_warns_once_and_goes_on_on_the_console(tmp_pa
     launcher, stdout = start("launch", "-q", "--log_dir", str(full_disk), str(script),
                              str(tmp_path / "ready"), "120", marker=marker,
                              stderr=tmp_path / "stderr")
-    wait_for(tmp_path / "ready", timeout=60)  # the script was never blocked on its output
+    file_line(tmp_path / "ready", 60)  # the script was never blocked on its output
     launcher.send_signal(signal.SIGTERM)
     stderr = ended(launcher, tmp_path / "stderr")
     assert launcher.returncode == 143, stderr
