@@ -81,7 +81,8 @@ def test_object_tags_are_never_constructed(tmp_path):
 
 
 def test_binary_and_huge_files_are_refused(tmp_path):
-    assert "not a text file" in load_error(tmp_path, b"\xff\xfe\x00garbage")
+    # Not \xff\xfe: that is UTF-16's byte-order mark, and such a profile is read as UTF-16.
+    assert "not a text file" in load_error(tmp_path, b"\xff\xfd\x00garbage")
     huge = tmp_path / "p.yaml"
     with huge.open("wb") as stream:
         stream.truncate(50 * 1024 * 1024)  # a 50 MB sparse file

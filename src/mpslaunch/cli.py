@@ -14,6 +14,7 @@ import sys
 from mpslaunch import __version__, output
 from mpslaunch.commands.options import HelpFormatter
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.streams import guard_standard_streams
 
 HELP = """\
 Launch PyTorch training on your own machine: mps on Apple silicon, cuda on NVIDIA
@@ -59,9 +60,16 @@ class OneLineParser(argparse.ArgumentParser):
         """' (did you mean --mixed_precision?)' for the unknown options in an argparse message."""
         if not message.startswith("unrecognized arguments: "):
             return ""
-        words = message.split(": ", 1)[1].split()
-        found = [_nearest(word.split("=", 1)[0], self._option_string_actions) for word in words
+        words = [word.split("=", 1)[0] for word in message.split(": ", 1)[1].split()
                  if word.startswith("--")]
+        # An option of this command that it did not take was given before the command's name.
+        misplaced = [word for word in words if word in self._option_string_actions]
+        if misplaced:
+            names, one = " ".join(misplaced), len(misplaced) == 1
+            return (f" ({names} {'is an option' if one else 'are options'} of `{self.prog}`: "
+                    f"give {'it' if one else 'them'} after `{self.prog.split()[-1]}`, as in "
+                    f"`{self.prog} {names} ...`)")
+        found = [_nearest(word, self._option_string_actions) for word in words]
         found = list(dict.fromkeys(name for name in found if name))
         return f" (did you mean {' or '.join(found)}?)" if found else ""
 
@@ -127,6 +135,8 @@ def _split_help(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the program itself, not a caller in its own process
+        guard_standard_streams()
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
     parser = build_parser(command)

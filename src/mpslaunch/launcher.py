@@ -35,8 +35,9 @@ def prepare(request: LaunchRequest, profile: str | None = None, config_file: str
     if target_is_file:
         check_target(request)
     loaded = profile_files.read_active(config_file, profile)
+    source = str(loaded.path) if loaded.path else None  # named in messages about its values
     machine = _machine_for(apply_flags(loaded.profile, request))
-    decision = decide(loaded.profile, request, machine, environ)
+    decision = decide(loaded.profile, request, machine, environ, source)
     if _asks_torch_about_mps(machine, decision.device):
         output.say("checking once that torch can use mps with this Python, torch and macOS (the "
                    "answer is kept for later launches)", quiet)
@@ -44,7 +45,7 @@ def prepare(request: LaunchRequest, profile: str | None = None, config_file: str
         if machine.mps_answer is None:
             output.warning(f"torch's mps check gave no answer within {MPS_CHECK_TIMEOUT_SECONDS:g} "
                            "s; planning on the platform facts alone (`mpslaunch env` checks again)")
-        decision = decide(loaded.profile, request, machine, environ)
+        decision = decide(loaded.profile, request, machine, environ, source)
     if loaded.translation:
         output.note(accelerate_note(loaded, machine), quiet)
     return for_target(decision, request, machine)

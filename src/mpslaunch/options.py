@@ -25,6 +25,7 @@ DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nv
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 TEE_VALUES = ("0", "1", "2", "3")  # torchrun's: none, stdout, stderr, both
 RDZV_TIMEOUT = 900  # torchrun's own default, in seconds
+RDZV_TIMEOUT_MAX = 365 * 24 * 3600  # far below what Python's and torch's timeouts can hold
 # torch rejects a high watermark ratio above 2.0 (MPSAllocator.mm); 0.0 means "no limit".
 MPS_WATERMARK_MAX = 2.0
 DEFAULT_GRACE_SECONDS = 30.0
@@ -63,6 +64,8 @@ _memory_cap = rule(lambda value: 0.0 <= value <= MPS_WATERMARK_MAX,
                    "recommended working set; torch rejects more), not {value}")
 _gpu_ids = rule(lambda value: re.fullmatch(r"all|\d+(,\d+)*", value) is not None,
                 "must be GPU numbers separated by commas, such as 0,1, or all, not{quoted}")
+_rdzv_timeout = rule(lambda value: 1 <= value <= RDZV_TIMEOUT_MAX,
+                     f"must be from 1 to {RDZV_TIMEOUT_MAX} seconds (a year), not {{value}}")
 _version = rule(lambda value: 1 <= value <= PROFILE_VERSION,
                 f"is {{value}}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
                 "upgrade mpslaunch or write the profile again with `mpslaunch config`")
@@ -157,7 +160,7 @@ OPTIONS = (
     Option("rdzv_backend", str, "rendezvous", default="static", choices=RDZV_BACKENDS,
            profile=True, group=MACHINES, accelerate=True),
     Option("rdzv_timeout", int, "how long the machines wait for each other before giving up, "
-           "as torchrun", default=RDZV_TIMEOUT, check=at_least(1), profile=True,
+           "as torchrun", default=RDZV_TIMEOUT, check=_rdzv_timeout, profile=True,
            metavar="SECONDS", group=MACHINES),
     Option("max_restarts", int, "restarts of the worker group after a failure", default=0,
            check=at_least(0), profile=True, metavar="RESTARTS", group=MACHINES, accelerate=True),

@@ -24,6 +24,12 @@ def note(text: str, quiet: bool = False) -> None:
 
 
 def say(text: str, quiet: bool = False, stream=None) -> None:
-    """A line of the launcher's own, flushed before the child writes anything."""
-    if not quiet:
-        print(PREFIX + text, file=stream or sys.stderr, flush=True)
+    """A line of the launcher's own, flushed before the child writes anything; dropped when
+    there is no stderr or it cannot be written (streams.py)."""
+    target = stream or sys.stderr
+    if quiet or target is None:  # print(file=None) would write to stdout, the script's data
+        return
+    try:
+        print(PREFIX + text, file=target, flush=True)
+    except (OSError, ValueError):
+        pass

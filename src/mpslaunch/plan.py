@@ -109,8 +109,9 @@ class LaunchPlan(Decision):
 
 
 def decide(profile: Profile, options: LaunchOptions, machine: Machine,
-           environ: Mapping[str, str]) -> Decision:
-    """The device, precision, processes and variables for these options, whatever the target."""
+           environ: Mapping[str, str], profile_file: str | None = None) -> Decision:
+    """The device, precision, processes and variables for these options, whatever the target.
+    `profile_file`: where the profile was read from, named in messages about its values."""
     settings = apply_flags(profile, options)
     machine = with_gpu_ids(machine, settings.gpu_ids, _source(options, "gpu_ids"), environ)
     device, reason = choose_device(settings.device, options, machine)
@@ -121,7 +122,8 @@ def decide(profile: Profile, options: LaunchOptions, machine: Machine,
     problem = dynamo_problem(settings.dynamo_backend, device, machine, _source(options, "dynamo_backend"))
     if problem:
         raise MpslaunchError(problem)
-    _check_processes(settings, device, machine)
+    _check_processes(settings, device, machine,
+                     _given(options, "num_processes", settings.num_processes, profile_file))
     _check_multi_gpu(options, settings, device)
     problem = main_address_problem(settings, machine)
     if problem:
@@ -374,14 +376,17 @@ def default_processes(device: str, machine: Machine) -> int:
     return max(1, len(machine.cuda_devices)) if device == "cuda" else 1
 
 
-def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
-    problem = processes_problem(settings, device, machine)
+def _check_processes(settings: Profile, device: str, machine: Machine, asked: str) -> None:
+    problem = processes_problem(settings, device, machine, asked)
     if problem:
         raise MpslaunchError(problem)
 
 
-def processes_problem(settings: Profile, device: str, machine: Machine) -> str | None:
-    """Why this many processes and machines cannot run on this device here, or None."""
+def processes_problem(settings: Profile, device: str, machine: Machine,
+                      asked: str | None = None) -> str | None:
+    """Why this many processes and machines cannot run on this device here, or None. `asked`:
+    how the message names the number of processes and where it came from (as _given does)."""
+    asked = asked or f"--num_processes {settings.num_processes}"
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
         asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
@@ -394,13 +399,13 @@ def processes_problem(settings: Profile, device: str, machine: Machine) -> str |
     most_cpu_processes = most_processes("cpu", machine)
     if device == "cpu" and settings.num_processes > most_cpu_processes:
         return (
-            f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
+            f"{settings.num_processes} CPU processes ({asked}) on {machine.cpu_count} cores "
             f"would thrash the machine (each process holds a model copy); use at most "
             f"{most_cpu_processes}, usually no more than {machine.cpu_count}")
     gpus = len(machine.cuda_devices)
     if device == "cuda" and settings.num_processes > gpus:
         return (
-            f"--num_processes {settings.num_processes} runs one process per GPU, but "
+            f"{asked} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
     return None
@@ -558,6 +563,14 @@ def _ratio_text(value: float) -> str:
 
 
 # ---------------------------------------------------------------- Accelerate's launch options
+
+
+def _given(options: LaunchOptions, key: str, value: object, profile_file: str | None) -> str:
+    """A setting as a message names it: `--key value` when the flag gave it (or no file is
+    known), else the profile's key and file (`key: value in FILE`)."""
+    if getattr(options, key, None) is not None or not profile_file:
+        return f"--{key} {value}"
+    return f"{key}: {value} in {profile_file}"
 
 
 def _source(options: LaunchOptions, key: str) -> str:

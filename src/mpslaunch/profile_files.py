@@ -10,6 +10,7 @@ profile. Reading gives one ProfileFile.
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import stat
@@ -108,13 +109,42 @@ def _read_text(path: Path) -> str:
             raise MpslaunchError(f"{path} is {max(status.st_size, len(data)):,} bytes, far too big "
                                  "for a profile; point to the right file or make a new one with "
                                  "`mpslaunch config`")
-        return data.decode("utf-8")
+        return _decode(data, path)
     except FileNotFoundError:
         raise MpslaunchError(f"no profile at {path}; make one with `mpslaunch config`") from None
     except UnicodeDecodeError:
         raise MpslaunchError(f"{path} is not a text file; a profile is YAML text") from None
     except OSError as error:
         raise MpslaunchError(f"cannot read {path}: {error.strerror}") from None
+
+
+# Editors on Windows save "Unicode" text as UTF-16 and mark it (and often UTF-8) with a BOM.
+_BYTE_ORDER_MARKS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                     (codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+                     (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _decode(data: bytes, path: Path) -> str:
+    """UTF-8, or the encoding its byte-order mark names; UnicodeDecodeError for anything else."""
+    encoding = next((name for mark, name in _BYTE_ORDER_MARKS if data.startswith(mark)), "utf-8")
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError:
+        if encoding == "utf-8":
+            raise
+        raise MpslaunchError(f"{path} is not a text file: it starts with a byte-order mark for "
+                             f"{encoding.upper().removesuffix('-SIG')} but does not decode as "
+                             "that; save the profile as UTF-8 text") from None
+    if encoding == "utf-8" and _utf16_without_a_mark(data):
+        raise MpslaunchError(f"{path} looks like UTF-16 text without a byte-order mark; save it "
+                             "as UTF-8 text")
+    return text
+
+
+def _utf16_without_a_mark(data: bytes) -> bool:
+    """ASCII text in UTF-16: a NUL in every other byte (it is also valid UTF-8)."""
+    even, odd = data[0::2], data[1::2]
+    return b"\x00" in data and bool(even.strip(b"\x00")) != bool(odd.strip(b"\x00"))
 
 
 def _parse(text: str, path: Path) -> yaml.MappingNode:

@@ -17,6 +17,7 @@ from mpslaunch.bench import devices as bench_devices
 from mpslaunch.bench import measure as bench_measure
 from mpslaunch.bench import report as bench_report
 from mpslaunch.bench import timing as bench_timing
+from mpslaunch.bench import workloads as bench_workloads
 from mpslaunch.bench.report import (
     CSV_COLUMNS, DOES_NOT_FIT, FAILED, OK, Result, crossovers, format_table, speedups,
 )
@@ -146,6 +147,25 @@ def test_another_runtime_error_is_reported_as_failed(monkeypatch):
     result = bench_measure.measure("matmul", "float32", 16, "cpu", OPTIONS)
     assert result.status == FAILED
     assert result.note == "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'"
+
+
+def test_a_train_batch_that_does_not_fit_is_refused_before_anything_is_allocated(monkeypatch):
+    """A huge batch would grow until the OOM killer came: refused from the free memory, as a
+    huge matrix is."""
+    def allocates(*args):
+        raise AssertionError("the point was allocated")
+
+    monkeypatch.setattr(bench_measure.devices, "free_bytes", lambda device: 4 * 1024**3)
+    monkeypatch.setattr(bench_measure.workloads, "prepare", allocates)
+    result = bench_measure.measure("train", "float32", 100_000, "cpu", OPTIONS)
+    assert result.status == DOES_NOT_FIT
+    assert result.note.startswith("needs ") and result.note.endswith("4.0 GiB free")
+
+
+def test_the_train_estimate_grows_with_the_batch_and_covers_the_images():
+    small, large = (bench_workloads.bytes_needed("train", "float32", n) for n in (32, 32_000))
+    assert 0 < small < large
+    assert large > 32_000 * 3 * 32 * 32 * 4 * 2  # more than the images and their gradient
 
 
 @pytest.mark.parametrize("error, expected", [
@@ -306,6 +326,9 @@ BAD_INPUT = [
     (["--devices", "tpu"], "unknown device 'tpu'"),
     (["--workload", "resnet"], "unknown workload 'resnet'"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--budget", "1e308"], "--budget above 0 seconds, at most 86400"),
+    (["--budget", "inf"], "--budget above 0 seconds, at most 86400"),
+    (["--budget", "nan"], "--budget above 0 seconds, at most 86400"),
 ]
 
 
@@ -361,7 +384,7 @@ def test_cli_without_an_accelerator_warns_then_measures_the_cpu():
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "0"], ["--devices", "tpu"],
-                                  ["--repeats", "x"]])
+                                  ["--repeats", "x"], ["--budget", "1e308"]])
 def test_cli_bad_input_exits_2_with_one_line(argv):
     done = run_cli("bench", *argv)
     assert done.returncode == 2
@@ -381,3 +404,43 @@ def test_cli_cpu_run_prints_the_table_without_config_only_packages(tmp_path):
     assert "matvec    float32  m=16  cpu" in done.stdout
     assert "cpu only" in done.stdout
     assert (tmp_path / "bench.csv").is_file() and (tmp_path / "bench.png").is_file()
+
+
+# Measures the first point for real; the second one blocks in torch (an op Python cannot
+# interrupt, like one huge training step) after saying so in the file named by argv[1].
+STUCK_IN_AN_OP = """
+import sys, torch
+import mpslaunch.bench.measure as measure
+from mpslaunch.cli import main
+real, calls = measure.measure, []
+def stuck_on_the_second(*args):
+    calls.append(args)
+    if len(calls) == 1:
+        return real(*args)
+    open(sys.argv[1], "w").write("stuck\\n")
+    torch.futures.Future().wait()
+measure.measure = stuck_on_the_second
+sys.exit(main(["bench", "--cpu", "--workload", "matvec", "--sizes", "16,32", "--repeats", "2"]))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
+def test_ctrl_c_in_the_middle_of_a_long_op_stops_and_reports(tmp_path):
+    import signal
+    import time
+
+    stuck = tmp_path / "stuck"
+    bench_run = subprocess.Popen([sys.executable, "-c", STUCK_IN_AN_OP, str(stuck)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not stuck.exists():
+            assert time.monotonic() < deadline and bench_run.poll() is None, bench_run.stderr.read()
+            time.sleep(0.05)
+        bench_run.send_signal(signal.SIGINT)
+        out, err = bench_run.communicate(timeout=60)
+    finally:
+        bench_run.kill()  # a failing test must not leave it blocked
+    assert bench_run.returncode == bench.EXIT_INTERRUPTED, err
+    assert "m=16" in out and "m=32" not in out
+    assert "bench interrupted" in err and "Traceback" not in err

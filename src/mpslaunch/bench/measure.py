@@ -1,8 +1,8 @@
 """One benchmark point, made safe: memory check, allocation, timing, clean-up.
 
-A size that cannot fit is "does not fit" (from the free memory first, so a huge cpu size never
-wakes the OOM killer; then from the backend's out-of-memory error); any other error of the op
-is "failed" with its first line. Device memory is freed after every point.
+A size that cannot fit is "does not fit" (from the free memory first, so a huge cpu size or
+batch never wakes the OOM killer; then from the backend's out-of-memory error); any other error
+of the op is "failed" with its first line. Device memory is freed after every point.
 """
 
 from __future__ import annotations
@@ -47,6 +47,6 @@ def _measure(workload: str, dtype: str, size: int, device: str, options) -> Resu
 def _does_not_fit_reason(workload: str, dtype: str, size: int, device: str) -> str:
     needed = workloads.bytes_needed(workload, dtype, size)
     available = devices.free_bytes(device)
-    if needed is None or available is None or needed <= available * USABLE_FRACTION:
+    if available is None or needed <= available * USABLE_FRACTION:
         return ""
     return f"needs {needed / GIB:.1f} GiB, {available / GIB:.1f} GiB free"

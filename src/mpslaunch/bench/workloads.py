@@ -29,14 +29,15 @@ def flops(workload: str, size: int) -> float:
     return _train_flops_per_sample() * size
 
 
-def bytes_needed(workload: str, dtype: str, size: int) -> int | None:
-    """Bytes the inputs and output take; None when it is not a simple formula (train)."""
+def bytes_needed(workload: str, dtype: str, size: int) -> int:
+    """Bytes the inputs and output take (matvec, matmul); for train an upper estimate of a step."""
     element = torch.empty((), dtype=torch_dtype(dtype)).element_size()
     if workload == "matvec":
         return element * (size * size + 2 * size)
     if workload == "matmul":
         return element * 3 * size * size
-    return None
+    per_sample, model = _train_bytes()
+    return per_sample * size + model
 
 
 def prepare(workload: str, device: str, dtype: str, size: int) -> Op:
@@ -102,3 +103,29 @@ def _train_flops_per_sample() -> float:
             nn.functional.cross_entropy(model(images), labels).backward()
         _train_flops_cache.append(float(counter.get_total_flops()))
     return _train_flops_cache[0]
+
+
+_train_bytes_cache: list[tuple[int, int]] = []
+# Each layer's output is kept for the backward pass and gets a gradient of the same size,
+# counted in float32 whatever the dtype (autocast keeps float32 copies): above what a step takes
+# on the cpu. The model: weights, gradients, momentum and an autocast copy.
+_ACTIVATION_COPIES = 2
+_MODEL_COPIES = 4
+
+
+def _train_bytes() -> tuple[int, int]:
+    """(bytes one image costs a training step, bytes of the model), counted once on the cpu."""
+    if not _train_bytes_cache:
+        model = small_cnn()
+        outputs: list[int] = []
+        hooks = [layer.register_forward_hook(lambda _, __, out: outputs.append(out.numel()))
+                 for layer in model]
+        with torch.no_grad():
+            model(torch.zeros(1, *IMAGE_SHAPE))
+        for hook in hooks:
+            hook.remove()
+        image = 4 * (IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]) + 8  # and its label
+        per_sample = _ACTIVATION_COPIES * 4 * sum(outputs) + image
+        weights = sum(parameter.numel() for parameter in model.parameters())
+        _train_bytes_cache.append((per_sample, _MODEL_COPIES * 4 * weights))
+    return _train_bytes_cache[0]

@@ -6,7 +6,9 @@ reported. torch is imported only once the command runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_BATCH_SIZES = (32, 128, 512)
 WORKLOADS = ("matvec", "matmul", "train")
 EXIT_INTERRUPTED = 130
+MAX_BUDGET_SECONDS = 86400
 HELP = """\
 Measure whether the accelerator (mps or cuda) is faster than the CPU at your sizes:
 a matrix-vector product, a matrix product and one training step of a small CNN, on
@@ -100,6 +103,11 @@ def main(args: argparse.Namespace) -> int:
         write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
     if interrupted:
         output.say("bench interrupted: the results above are partial")
+        if still_measuring():
+            # Leave now: the interpreter's exit would tear torch down under the running op.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     return 0
 
@@ -109,9 +117,10 @@ def parse_options(args: argparse.Namespace, machine: Machine) -> BenchOptions:
     workloads = _parse_workloads(args.workload)
     sizes = _parse_sizes(args.sizes, "--sizes")
     batch_sizes = _parse_sizes(args.batch_sizes, "--batch-sizes")
-    if args.repeats < 1 or args.warmup < 0 or not args.budget > 0:
+    if args.repeats < 1 or args.warmup < 0 or not 0 < args.budget <= MAX_BUDGET_SECONDS:
         raise MpslaunchError(
-            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds"
+            "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds, "
+            f"at most {MAX_BUDGET_SECONDS} (a day for one point)"
         )
     from mpslaunch.bench import devices as bench_devices  # imports torch: only once the cheap checks passed
 
@@ -173,22 +182,48 @@ def measurement_plan(options: BenchOptions) -> list[tuple[str, str, int, str]]:
 
 
 def run_all(options: BenchOptions):
-    """Measure every planned point; Ctrl-C stops and returns what was measured so far."""
+    """Measure every planned point; Ctrl-C stops and returns what was measured so far.
+
+    The points are measured in a thread of their own and this one only waits, so Ctrl-C is
+    answered at once even in the middle of a long op (which Python cannot interrupt)."""
     from tqdm import tqdm
 
     from mpslaunch.bench.measure import measure
 
     plan = measurement_plan(options)
-    results = []
-    # disable=None: no bar when stderr is not a terminal (CI logs, pipes).
-    with tqdm(plan, file=sys.stderr, disable=None, unit="run", leave=False) as bar:
+    results, failure = [], []
+    stop, finished = threading.Event(), threading.Event()
+
+    def measure_all(bar) -> None:
         try:
             for workload, dtype, size, device in bar:
+                if stop.is_set():
+                    return
                 bar.set_description(f"{workload} {dtype} {size} {device}")
                 results.append(measure(workload, dtype, size, device, options))
+        except BaseException as error:  # raised again in the waiting thread
+            failure.append(error)
+        finally:
+            finished.set()
+
+    # disable=None: no bar when stderr is not a terminal (CI logs, pipes).
+    with tqdm(plan, file=sys.stderr, disable=None, unit="run", leave=False) as bar:
+        threading.Thread(target=measure_all, args=(bar,), name="mpslaunch-bench",
+                         daemon=True).start()
+        try:
+            while not finished.wait(0.1):
+                pass
         except KeyboardInterrupt:
-            return results, True
+            stop.set()
+            return list(results), True
+    if failure:
+        raise failure[0]
     return results, False
+
+
+def still_measuring() -> bool:
+    """A point is still running after Ctrl-C (an op Python cannot interrupt)."""
+    return any(thread.name == "mpslaunch-bench" for thread in threading.enumerate())
 
 
 def describe_environment(devices: tuple[str, ...], machine: Machine) -> dict[str, object]:

@@ -3,10 +3,14 @@ also written to DIR/mpslaunch-<date>-<time>-<pid>/{stdout,stderr}.log (a new fol
 
 The child writes into pipes (so it sees no terminal), and gets PYTHONUNBUFFERED=1 so its lines
 arrive as they are printed, as the ranks' do through torchrun (`python -u`).
+The pipes are always drained, whatever happens to the files or the console: the child never
+blocks on its output. A file write that fails (a full disk) stops both files with one warning,
+and the output goes on to the console only; a console that went away is no longer written to.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -14,26 +18,29 @@ import threading
 import time
 from pathlib import Path
 
+from mpslaunch import output
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.run.logdir import cannot_write, usable_log_dir
 
 _CHUNK = 65536
 _DRAIN_SECONDS = 5.0  # after the child's group is gone; a daemon that kept the pipe is not waited for
 
 
 def run_folder(log_dir: str) -> Path:
-    return Path(log_dir).expanduser() / f"mpslaunch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return usable_log_dir(log_dir) / f"mpslaunch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 class Tee:
     def __init__(self, log_dir: str):
         self.folder = run_folder(log_dir)
         self.copies: list[threading.Thread] = []
+        self.files_off = threading.Event()  # set at the first failed write: console only from then
+        self.warned = threading.Lock()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.files = [open(self.folder / name, "wb") for name in ("stdout.log", "stderr.log")]
         except OSError as error:
-            raise MpslaunchError(f"cannot write the output to {self.folder}: {error.strerror}; "
-                                 "choose another --log_dir") from None
+            raise MpslaunchError(cannot_write(self.folder, error)) from None
 
     popen_streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     environment = {"PYTHONUNBUFFERED": "1"}
@@ -41,7 +48,7 @@ class Tee:
     def start(self, child: subprocess.Popen) -> None:
         for pipe, console, log in ((child.stdout, sys.stdout, self.files[0]),
                                    (child.stderr, sys.stderr, self.files[1])):
-            copy = threading.Thread(target=_copy, args=(pipe, console, log), daemon=True)
+            copy = threading.Thread(target=self._copy, args=(pipe, console, log), daemon=True)
             copy.start()
             self.copies.append(copy)
 
@@ -49,23 +56,50 @@ class Tee:
         for copy in self.copies:
             copy.join(_DRAIN_SECONDS)
         for log in self.files:
-            log.close()
+            _close(log)
+
+    def _copy(self, pipe, console, log) -> None:
+        show = _writer(console)
+        while chunk := os.read(pipe.fileno(), _CHUNK):
+            if not self.files_off.is_set():
+                try:
+                    log.write(chunk)
+                    log.flush()
+                except (OSError, ValueError) as error:
+                    self._files_failed(log, error)
+            if show is not None:
+                try:
+                    show(chunk)
+                except (OSError, ValueError):  # the console went away; the files go on
+                    show = None
+        pipe.close()
+
+    def _files_failed(self, log, error: Exception) -> None:
+        self.files_off.set()
+        if not self.warned.acquire(blocking=False):
+            return  # the other stream's file failed first and said so
+        output.warning(f"cannot write {log.name}: {_why(error)}; from here on the output goes "
+                       "to the console only")
 
 
-def _copy(pipe, console, log) -> None:
-    show = _writer(console)
-    while chunk := os.read(pipe.fileno(), _CHUNK):
-        log.write(chunk)
-        log.flush()
-        if show is not None:
-            try:
-                show(chunk)
-            except (OSError, ValueError):  # the console went away; the file still gets everything
-                show = None
-    pipe.close()
+def _why(error: Exception) -> str:
+    if getattr(error, "errno", None) == errno.ENOSPC:
+        return "the disk is full (No space left on device)"
+    if getattr(error, "errno", None) == errno.EDQUOT:
+        return "the disk quota is used up"
+    return getattr(error, "strerror", None) or str(error)
+
+
+def _close(log) -> None:
+    try:
+        log.close()
+    except OSError:  # the buffered rest of a file whose disk is full: already warned about
+        pass
 
 
 def _writer(console):
+    if console is None:  # no stdout or stderr at all (closed when the launcher started)
+        return None
     target = getattr(console, "buffer", None)
     if target is None:  # a console that takes only text (a test's capture)
         return lambda chunk: (console.write(chunk.decode(errors="replace")), console.flush())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from mpslaunch.run.torchrun.console import RankLines
+from mpslaunch.run.torchrun.console import MAX_HELD, RankLines, split_lines
 
 
 def feed(*writes: str) -> tuple[str, RankLines]:
@@ -57,3 +57,20 @@ def test_torchs_own_rank_prefix_is_not_repeated():
                                        "[rank1] [W0101 warning]\n"
                                        "[rank1] [rank0]: another rank's\n"
                                        "[rank1] unfinished\n")
+
+
+def test_lines_split_at_every_kind_of_line_end():
+    assert split_lines("a\r\nb\rc\nd") == (["a\r\n", "b\r", "c\n"], "d")
+    assert split_lines("") == ([], "")
+
+
+def test_a_line_longer_than_the_limit_is_shown_in_pieces_and_never_held_whole():
+    # A rank that writes megabytes without a newline: bounded memory, linear work.
+    out, lines = feed("[rank0] " + "x" * (2 * MAX_HELD + 5), *["[rank0] " + "y" * 1000] * 70)
+    assert all(len(rest) <= MAX_HELD for rest in lines.unfinished.values())
+    shown = out.splitlines()
+    assert shown[:2] == ["[rank0] " + "x" * MAX_HELD] * 2
+    assert all(len(line) == len("[rank0] ") + MAX_HELD for line in shown)
+    lines.write("[rank0] end\n")
+    joined = "".join(line.removeprefix("[rank0] ") for line in lines.target.getvalue().splitlines())
+    assert joined == "x" * (2 * MAX_HELD + 5) + "y" * 70_000 + "end"

@@ -4,6 +4,9 @@ torch's --tee tailer writes whatever readline() returns, so a line a rank writes
 be split under two prefixes; RankLines holds each rank's unfinished piece until its line ends.
 torch's own `[rankN]:` prefix (its excepthook, its C++ warnings) is dropped on the console for
 the same rank, so each line shows one prefix; the log files keep torch's.
+A line longer than MAX_HELD characters is not held whole: the console shows it in pieces of
+MAX_HELD, each on a line of its own, so memory stays bounded and the splitting stays linear
+(the log files keep the line as it was written).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from contextlib import contextmanager
 from typing import Iterator, TextIO
 
 RANK_PREFIX = re.compile(r"\[rank\d+\] ")  # args.LINE_PREFIX, rendered
-_PIECES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)")
+_LINE_END = re.compile(r"\r\n|\r|\n")
+MAX_HELD = 65536  # characters of one rank's unfinished line held back for its end
 
 
 class RankLines:
@@ -33,11 +37,9 @@ class RankLines:
             return len(text)
         prefix, body = match.group(0), text[match.end():]
         with self.lock:
-            body = self.unfinished.pop(prefix, "") + body
-            lines = _PIECES.findall(body)
-            done = sum(map(len, lines))
-            if body[done:]:
-                self.unfinished[prefix] = body[done:]
+            lines, rest = split_lines(self.unfinished.pop(prefix, "") + body)
+            if rest:
+                self.unfinished[prefix] = rest
             # A bare "\r" (a progress bar's carriage return before its text) needs no prefix.
             self.target.write("".join(_one_prefix(prefix, line) for line in lines if line != "\r"))
         return len(text)
@@ -54,6 +56,19 @@ class RankLines:
 
     def __getattr__(self, name: str):
         return getattr(self.target, name)  # fileno, isatty, encoding, ...
+
+
+def split_lines(text: str) -> tuple[list[str], str]:
+    """(the whole lines of `text`, each with its line end; the unfinished rest), in one pass.
+    A rest longer than MAX_HELD becomes lines of MAX_HELD characters, ended with a newline."""
+    lines, start = [], 0
+    for end in _LINE_END.finditer(text):  # a search for line ends only: linear in the text
+        lines.append(text[start:end.end()])
+        start = end.end()
+    while len(text) - start > MAX_HELD:
+        lines.append(text[start:start + MAX_HELD] + "\n")
+        start += MAX_HELD
+    return lines, text[start:]
 
 
 def _one_prefix(prefix: str, line: str) -> str:

@@ -23,6 +23,7 @@ from typing import Iterator, Mapping
 from mpslaunch.errors import MpslaunchError, error_line
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
+from mpslaunch.run.logdir import usable_log_dir
 from mpslaunch.run.processes import RUN_MARKER, exit_code, new_run_id
 from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
 from mpslaunch.run.torchrun.gate import Gate
@@ -283,7 +284,8 @@ class _LogFolder:
         self.keep = False
 
     def __enter__(self) -> "_LogFolder":
-        self.path = self.given or tempfile.mkdtemp(prefix="mpslaunch-logs-")
+        self.path = (str(usable_log_dir(self.given)) if self.given
+                     else tempfile.mkdtemp(prefix="mpslaunch-logs-"))
         return self
 
     def __exit__(self, *_exc) -> None:

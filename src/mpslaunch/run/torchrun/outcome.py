@@ -1,12 +1,14 @@
 """What a torchrun run ends with: the launcher's exit code and one summary line. Pure.
 
 The exit code is the first failing rank's own (128+N when signal N killed it, or stopped the
-launcher); the summary names the rank, how it ended and where its log is.
+launcher); the summary names the rank, how it ended and where its log is (or that the disk
+holding the log is full, when the log is empty for that reason).
 Then how each other rank of this machine ended: also failed, stopped, or exited 0.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,11 +122,29 @@ def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = Non
         how += f": {crash_meaning(failure.exitcode, fault_handler)}"
     text = f"mpslaunch: rank {failure.rank} {ended} first: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
-    if folder and (folder / "stderr.log").is_file():
+    if folder and disk_full(folder / "stderr.log"):
+        text += (f"; the disk holding its log folder {folder} is full, so its output (any "
+                 "traceback too) could not be written: free some space or choose another "
+                 "--log_dir")
+    elif folder and (folder / "stderr.log").is_file():
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
     if folder and (folder / "error.json").is_file():  # written by scripts that use torch's @record
         text += f", the error record in {folder / 'error.json'}"
     return "; ".join([text, *_the_others(others or {})])
+
+
+FULL_BELOW_BYTES = 65536  # less free space than one write of the rank's output may need
+
+
+def disk_full(log: Path) -> bool:
+    """An empty log on a disk with (almost) no space left: the rank's writes failed, not silence."""
+    try:
+        if log.stat().st_size:
+            return False
+        disk = os.statvfs(log.parent)
+    except OSError:
+        return False
+    return disk.f_bavail * disk.f_frsize < FULL_BELOW_BYTES
 
 
 # What torch's agent sends the other ranks once one has failed: SIGTERM, then SIGKILL.

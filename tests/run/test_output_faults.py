@@ -1,0 +1,238 @@
+"""The output path under faults, one and two processes: a long line without a newline, --log_dir
+on a full disk or a path that cannot be a folder, stdout or stderr closed or unwritable.
+
+What holds: the script starts and its exit code comes back; its output is always drained (it
+never blocks on a pipe); the console and the files get what they can take, with one warning
+when the files cannot; the launcher's own lines never go to stdout; a signal still stops the run.
+Real runs through the CLI; a full disk is a real 1 MiB tmpfs (root only).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import file_line, write_script
+from mpslaunch.run.torchrun.console import MAX_HELD
+from test_faults import marker, one_line_error, run_env  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
+
+MPSLAUNCH = [sys.executable, "-m", "mpslaunch"]
+TWO_CPU_RANKS = ["--cpu", "--num_processes", "2"]
+
+
+def shell(redirections: str, *args: str, marker: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`mpslaunch ARGS REDIRECTIONS` run by bash, as a cron line or a daemon would run it."""
+    return subprocess.run(["bash", "-c", f'exec "$@" {redirections}', "bash", *MPSLAUNCH, *args],
+                          capture_output=True, text=True, timeout=120, env=run_env(marker), cwd=cwd)
+
+
+def start(*args: str, marker: str, stderr: Path) -> tuple[subprocess.Popen, "Lines"]:
+    """`mpslaunch ARGS` with its stdout read line by line and its stderr in a file."""
+    with stderr.open("w") as errors:
+        launcher = subprocess.Popen([*MPSLAUNCH, *args], stdout=subprocess.PIPE, stderr=errors,
+                                    text=True, env=run_env(marker))
+    return launcher, Lines(launcher.stdout)
+
+
+def ended(launcher: subprocess.Popen, stderr: Path) -> str:
+    launcher.wait(timeout=60)
+    return stderr.read_text()
+
+
+class Lines:
+    """A process's stdout read line by line in a thread, so a test can wait for one."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.arrived = threading.Condition()
+        self.reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self.arrived:
+                self.lines.append(line)
+                self.arrived.notify_all()
+
+    def wait_for(self, start: str, timeout: float = 60) -> None:
+        with self.arrived:
+            found = self.arrived.wait_for(lambda: any(line.startswith(start) for line in self.lines),
+                                          timeout)
+        assert found, f"no line starting with {start!r} within {timeout} s: {self.lines[-3:]}"
+
+    def text(self) -> str:
+        self.reader.join(30)
+        return "".join(self.lines)
+
+
+# ---------------------------------------------------------------- a long line without a newline
+
+
+LONG_LINE = 300_000
+# Rank 0 writes a long line without its end, and ends it once told to; rank 1 only waits.
+WRITES_A_LONG_LINE = f"""
+import os, sys, time
+from pathlib import Path
+go = Path(sys.argv[1])
+if os.environ["RANK"] == "0":
+    sys.stdout.write("x" * {LONG_LINE})
+    sys.stdout.flush()
+while not go.exists():
+    time.sleep(0.05)
+if os.environ["RANK"] == "0":
+    print(" end")
+"""
+
+
+@pytest.mark.parametrize("then", ["the-line-ends", "SIGTERM"])
+def test_a_long_line_without_a_newline_reaches_the_console_as_it_comes(tmp_path, marker, then):
+    """The console shows it in bounded pieces as it arrives (run/torchrun/console.py), and the
+    launcher, never stuck splitting it, finishes the line or answers SIGTERM with 143."""
+    script = write_script(tmp_path, "long_line.py", WRITES_A_LONG_LINE)
+    launcher, stdout = start("launch", "-q", *TWO_CPU_RANKS, str(script), str(tmp_path / "go"),
+                             marker=marker, stderr=tmp_path / "stderr")
+    stdout.wait_for("[rank0] xxxx")  # long before the line ends
+    if then == "SIGTERM":
+        launcher.send_signal(signal.SIGTERM)
+    else:
+        (tmp_path / "go").write_text("go\n")
+    stderr = ended(launcher, tmp_path / "stderr")
+    assert launcher.returncode == (143 if then == "SIGTERM" else 0), stderr
+    assert "Traceback" not in stderr
+    shown = [line.removeprefix("[rank0] ") for line in stdout.text().splitlines()
+             if line.startswith("[rank0] x")]
+    assert all(len(piece) <= MAX_HELD + len(" end") for piece in shown)
+    if then == "the-line-ends":
+        assert "".join(shown) == "x" * LONG_LINE + " end"
+
+
+# ---------------------------------------------------------------- --log_dir on a full disk
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs: a script's 2.4 MB of output fills it for real."""
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+# Prints 2.4 MB, says it is ready, then waits (the given seconds) to be stopped.
+PRINTS_A_LOT = """
+import sys, time
+from pathlib import Path
+for i in range(30_000):
+    print(f"line {i:06d} " + "y" * 68)
+sys.stdout.flush()
+Path(sys.argv[1]).write_text("ready\\n")
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_one_process_on_a_full_disk_warns_once_and_goes_on_on_the_console(tmp_path, full_disk, marker):
+    script = write_script(tmp_path, "prints.py", PRINTS_A_LOT)
+    launcher, stdout = start("launch", "-q", "--log_dir", str(full_disk), str(script),
+                             str(tmp_path / "ready"), "120", marker=marker,
+                             stderr=tmp_path / "stderr")
+    file_line(tmp_path / "ready", 60)  # the script was never blocked on its output
+    launcher.send_signal(signal.SIGTERM)
+    stderr = ended(launcher, tmp_path / "stderr")
+    assert launcher.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    warnings = stderr.strip().splitlines()
+    assert len(warnings) == 1 and "disk is full" in warnings[0], stderr
+    assert str(full_disk) in warnings[0] and "stdout.log" in warnings[0]
+    assert stdout.text().count("\n") == 30_000  # the console got everything
+
+
+def test_two_processes_on_a_full_disk_the_summary_says_the_disk_is_full(tmp_path, full_disk, marker):
+    """torch writes the ranks' output to their files: their writes fail, they exit 1, and the
+    summary says why instead of pointing at an empty stderr.log."""
+    script = write_script(tmp_path, "prints.py", PRINTS_A_LOT)
+    result = subprocess.run([*MPSLAUNCH, "launch", "-q", *TWO_CPU_RANKS, "--log_dir", str(full_disk),
+                             str(script), str(tmp_path / "ready"), "0"],
+                            capture_output=True, text=True, timeout=120, env=run_env(marker))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert "failed first" in summary and "is full" in summary, summary
+    assert "is in" not in summary  # no pointer to the empty stderr.log
+
+
+# ---------------------------------------------------------------- closed or failing streams
+
+
+# Says it started, prints far more than a pipe holds, exits 5.
+STARTS_PRINTS_EXITS_5 = """
+import sys
+from pathlib import Path
+Path(sys.argv[1]).write_text("started\\n")
+for _ in range(3000):
+    print("z" * 99)
+sys.exit(5)
+"""
+
+
+@pytest.mark.parametrize("processes, log_dir, redirections", [
+    (1, True, ">&-"),
+    (2, False, ">&-"),
+    (2, True, ">&-"),
+    (1, False, "2>/dev/full"),
+    (1, True, "2>/dev/full"),
+    (2, False, "2>/dev/full"),
+], ids=["1-log_dir-stdout-closed", "2-stdout-closed", "2-log_dir-stdout-closed",
+        "1-stderr-full", "1-log_dir-stderr-full", "2-stderr-full"])
+def test_closed_or_full_standard_streams_still_run_the_script(tmp_path, marker, processes,
+                                                              log_dir, redirections):
+    script = write_script(tmp_path, "prints.py", STARTS_PRINTS_EXITS_5)
+    options = ["launch", "--num_processes", str(processes), "--cpu"]
+    if log_dir:
+        options += ["--log_dir", str(tmp_path / "logs")]
+    result = shell(redirections, *options, str(script), str(tmp_path / "started"),
+                   marker=marker, cwd=tmp_path)
+    assert (tmp_path / "started").read_text() == "started\n"
+    assert result.returncode == 5, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr
+    if log_dir and processes == 1:
+        (run,) = (tmp_path / "logs").iterdir()
+        assert (run / "stdout.log").read_text().count("\n") == 3000
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_with_stderr_closed_the_launchers_lines_stay_off_stdout(tmp_path, marker, processes):
+    """stdout is the script's data: the plan line and the failure summary must not land in it."""
+    script = write_script(tmp_path, "prints.py", STARTS_PRINTS_EXITS_5)
+    result = shell("2>&-", "launch", "--cpu", "--num_processes", str(processes), str(script),
+                   str(tmp_path / "started"), marker=marker, cwd=tmp_path)
+    assert result.returncode == 5
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if not line.endswith("z" * 99)] == []
+    assert len(lines) >= 3000  # with 2, the other rank is stopped once the first exits 5
+
+
+# ---------------------------------------------------------------- --log_dir that is no folder
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("where", ["a-file", "/proc/x"])
+def test_a_log_dir_that_cannot_be_a_folder_is_one_line(tmp_path, processes, where):
+    script = write_script(tmp_path, "ok.py", "print('ran')\n")
+    (tmp_path / "a-file").write_text("not a folder\n")
+    result = subprocess.run([*MPSLAUNCH, "launch", "-q", "--cpu", "--num_processes", str(processes),
+                             "--log_dir", where, str(script)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    line = one_line_error(result)
+    assert where in line and "--log_dir" in line
+    assert "ran" not in result.stdout
