@@ -30,8 +30,10 @@ from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VAR
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
 from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
-                                            stopped_summary)
-from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped, adopt_orphans, sweep
+                                            stopped_ranks, stopped_summary)
+from mpslaunch.run.torchrun.signals import (LauncherSignals, Stopped, adopt_orphans, child_pids,
+                                            sweep)
+from mpslaunch.run.torchrun.stopping import graceful_stops
 
 
 class LaunchFailed(MpslaunchError):
@@ -97,10 +99,11 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
     rendezvous = _new_rendezvous(plan)
     # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
     # some of which may share this host.
-    run_id, started = new_run_id(), time.time()
+    run_id, started, callers_children = new_run_id(), time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
-    with LauncherSignals(grace_seconds) as signals, adopt_orphans(), _LogFolder(plan.log_dir) as logs:
+    with LauncherSignals(grace_seconds, run_id) as signals, adopt_orphans(), \
+            _LogFolder(plan.log_dir) as logs:
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
@@ -108,7 +111,7 @@ def run(plan: LaunchPlan, grace_seconds: float) -> int:
             _say(stop.summary or stopped_summary(stop.signum))
         finally:
             signals.quiet()
-            sweep(run_id, started)
+            sweep(run_id, started, callers_children)
     # The launcher is about to exit: with torch loaded, the interpreter's last garbage collection
     # makes that exit slow, and nothing of the launcher's waits on it.
     gc.freeze()
@@ -128,17 +131,21 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
                                                                logs)
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
+        if hasattr(config, "signals_to_handle"):  # newer torch; older ones take over all four
+            config.signals_to_handle = signals.torch_handles()  # not the ones nohup ignored
         attempts = Attempts(plan.settings.max_restarts, _say)
         config.logs_specs = elastic.logs_specs(args, attempts)
         try:
-            with whole_rank_lines(), following(attempts):
+            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops:
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
             others = other_endings(failure, failed.failures, plan.num_processes)
-            _say("; ".join(filter(None, [failure_summary(failure, others), attempts.counted()])))
+            stopped = stopped_ranks(failed.failures, stops.stopped_pids) if stops.followed else None
+            summary = failure_summary(failure, others, stopped, grace_seconds)
+            _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
             signals.quiet()
