@@ -185,6 +185,8 @@ def probe_for(profile: Profile, request: LaunchRequest, quiet: bool = False) -> 
     settings = apply_flags(profile, request)
     if checks_main_address(settings):
         machine = machine_probe.with_addresses(machine, settings.main_process_ip)
+    if settings.num_machines > 1:
+        machine = machine_probe.with_own_name(machine)
     if not machine.is_mac or machine.mps_answer is not None:
         return machine
     if resolve(profile, request, machine, os.environ).device != "mps":
@@ -217,7 +219,7 @@ def describe(plan: LaunchPlan) -> str:
 
 def execute(plan: LaunchPlan, grace_seconds: float) -> int:
     if plan.engine == "single":
-        return run_child(plan.command, plan.env, grace_seconds, plan.log_dir)
+        return run_child(plan.command, plan.env, grace_seconds, plan.log_dir, plan.removed)
     if threading.current_thread() is not threading.main_thread():
         raise MpslaunchError("several processes of a script are started from the main thread "
                              "only (stopping them needs its signal handlers); call from the main "

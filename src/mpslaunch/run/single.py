@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
@@ -32,10 +32,12 @@ DEFAULT_GRACE_SECONDS = 30.0
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
+              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
+              env_removals: Iterable[str] = ()) -> int:
     tee = Tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
-    env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
+    inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
+    env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
     supervisor = _Supervisor(grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with _SignalHandlers(supervisor.forward, supervisor.job_control):

@@ -21,6 +21,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
 from mpslaunch.errors import MpslaunchError, error_line
+from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.processes import RUN_MARKER, exit_code, new_run_id
 from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
@@ -84,8 +85,15 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
         notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
     if plan.settings.machine_rank == 0:
         where = ("every interface (--main_process_ip_via_nat)"
-                 if plan.settings.main_process_ip_via_nat else f"{rendezvous.address} only")
+                 if plan.settings.main_process_ip_via_nat
+                 else f"{endpoint(rendezvous.address, rendezvous.port)} only")
         notes.append(f"this machine (machine 0) serves the rendezvous store, on {where}")
+    if rendezvous.backend == "c10d":
+        # torch's c10d rendezvous handler starts that store itself (TCPStore on port 0), and
+        # TCPStore listens on every interface.
+        notes.append("with c10d, torch's agent on the machine that gets rank 0 at the rendezvous "
+                     "also serves a store for the ranks, on every interface, on a port it picks; "
+                     "--rdzv_backend static keeps the ranks on the rendezvous store")
     notes.append(f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
                  "(--rdzv_timeout); Ctrl-C stops the wait")
     return notes
