@@ -88,21 +88,25 @@ def test_a_second_stopping_signal_while_the_first_is_handled_raises_nothing():
     assert signals.watcher.time_up  # the second signal still hurried the kill of the ranks
 
 
-def test_two_sigterms_during_the_wait_for_the_other_machines_end_143_without_traceback(tmp_path):
+def test_sigterms_in_a_burst_during_the_wait_for_the_other_machines_never_give_a_traceback(tmp_path):
+    """GNU timeout sends SIGTERM twice; here SIGTERM comes again and again until the launcher
+    is gone, so some land while the first one unwinds. It ends stopped by SIGTERM: 143, or
+    killed by SIGTERM itself once its handlers are given back at the very end; never exit 1."""
     script = write_script(tmp_path, "never.py", "open(__file__ + '.ran', 'w')\n")
-    for _ in range(3):
+    for _ in range(2):
         port = free_port()
         launcher = subprocess.Popen([sys.executable, "-m", "mpslaunch", *machine(0, port, script)],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             wait_until_machine_0_waits(port, launcher)
-            launcher.send_signal(signal.SIGTERM)
-            launcher.send_signal(signal.SIGTERM)
+            while launcher.poll() is None:
+                launcher.send_signal(signal.SIGTERM)
+                time.sleep(0.001)
             _, stderr = launcher.communicate(timeout=60)
         finally:
             launcher.kill()
             launcher.communicate()
-        assert launcher.returncode == 143, stderr
+        assert launcher.returncode in (143, -signal.SIGTERM), stderr
         assert "Traceback" not in stderr
         assert stderr.strip().splitlines()[-1].startswith(
             "mpslaunch: stopped by SIGTERM while waiting for the other machines")

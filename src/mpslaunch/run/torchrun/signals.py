@@ -26,7 +26,6 @@ FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
 JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
 
 
-
 class Stopped(BaseException):
     """A stopping signal arrived before torch's agent took the signals over.
 
