@@ -124,6 +124,31 @@ def test_dry_run_with_c10d_names_torchs_store_on_every_interface(tmp_path):
             "serves a store for the ranks, on every interface, on a port it picks") in result.stdout
 
 
+@pytest.mark.parametrize("own, main, environ, refused", [
+    (("node1", ("127.0.1.1",)), "10.0.0.1", {}, True),  # Debian's /etc/hosts
+    (("node1", ("127.0.0.1", "::1")), "10.0.0.1", {}, True),
+    (("node1", ("127.0.1.1",)), "10.0.0.1", {"GLOO_SOCKET_IFNAME": "eth0"}, False),
+    (("node1", ("10.0.0.2",)), "10.0.0.1", {}, False),
+    (("node1", ("127.0.1.1",)), "127.0.0.1", {}, False),  # the machines share this host
+    (("node1", ()), "10.0.0.1", {}, False),  # unknown: not refused on a guess
+])
+def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, main, environ, refused):
+    import dataclasses
+
+    from conftest import MACHINES
+    from mpslaunch.errors import MpslaunchError
+    from mpslaunch.plan import LaunchRequest, resolve
+    from mpslaunch.profile import Profile
+
+    machine = dataclasses.replace(MACHINES["linux_cpu"], own_name=own)
+    request = LaunchRequest("train.py", num_machines=2, machine_rank=1, main_process_ip=main)
+    if refused:
+        with pytest.raises(MpslaunchError, match="this machine's name node1 stands for .* only"):
+            resolve(Profile(), request, machine, environ)
+    else:
+        assert resolve(Profile(), request, machine, environ).num_machines == 2
+
+
 # ---------------------------------------------------------------- launchers on the loopback
 
 
