@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import write_script
-from test_faults import kill_run, run_env, survivors, wait_for
+from conftest import file_line, wait_for, write_script
+from test_faults import kill_run, run_env, survivors
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
 
@@ -52,7 +52,7 @@ def launch_args(processes: int, *extra: str) -> list[str]:
 
 
 def ready_pids(folder: Path, processes: int) -> list[int]:
-    return [int(wait_for(folder / f"ready.{rank}", timeout=90)) for rank in range(processes)]
+    return [int(file_line(folder / f"ready.{rank}", seconds=90)) for rank in range(processes)]
 
 
 def ignoring(signum: int):
@@ -84,14 +84,10 @@ def status(pid: int) -> str:
         return "gone"
 
 
-def statuses_once(pids: list[int], done, seconds: float = 30) -> list[str]:
-    """The processes' states once `done(states)` holds, or after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        found = [status(pid) for pid in pids]
-        if done(found) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+def statuses_once(pids: list[int], done) -> list[str]:
+    """The processes' states once `done(states)` holds, or after 30 s."""
+    wait_for(lambda: done([status(pid) for pid in pids]))
+    return [status(pid) for pid in pids]
 
 
 @pytest.mark.parametrize("processes", PROCESSES.values(), ids=PROCESSES.keys())

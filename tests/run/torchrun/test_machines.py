@@ -137,7 +137,8 @@ def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, 
 
     from conftest import MACHINES
     from mpslaunch.errors import MpslaunchError
-    from mpslaunch.plan import LaunchRequest, resolve
+    from mpslaunch.options import LaunchRequest
+    from mpslaunch.plan import resolve
     from mpslaunch.profile import Profile
 
     machine = dataclasses.replace(MACHINES["linux_cpu"], own_name=own)
