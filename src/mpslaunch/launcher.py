@@ -53,10 +53,12 @@ def prepare(request: LaunchRequest, profile: str | None = None, config_file: str
 
 def _machine_for(settings) -> Machine:
     """This machine, with its network addresses when it is machine 0 of several (checked
-    against main_process_ip)."""
+    against main_process_ip), and with what its host name stands for when it is one of several."""
     machine = machine_probe.probe()
     if checks_main_address(settings):
         machine = machine_probe.with_addresses(machine, settings.main_process_ip)
+    if settings.num_machines > 1:  # gloo advertises what this machine's name stands for
+        machine = machine_probe.with_own_name(machine)
     return machine
 
 
@@ -103,7 +105,8 @@ def execute(plan: LaunchPlan, report: bool = False) -> int:
     if plan.engine == "single":
         from mpslaunch.run.single import run_child
 
-        return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch)
+        return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
+                         plan.removed)
     if threading.current_thread() is not threading.main_thread():
         raise MpslaunchError("several processes of a script are started from the main thread "
                              "only (stopping them needs its signal handlers); call from the main "

@@ -41,6 +41,8 @@ class Machine:
     # Probed only for machine 0 of several (with_addresses): psutil costs an import on every launch.
     addresses: tuple[str, ...] | None = None  # this machine's interface addresses; None: not probed
     name_lookup: tuple[str, tuple[str, ...]] | None = None  # a host name and what it resolved to
+    # Probed only for several machines (with_own_name): this machine's host name and its addresses.
+    own_name: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def is_mac(self) -> bool:
@@ -284,6 +286,15 @@ def with_addresses(machine: Machine, main_address: str) -> Machine:
     return dataclasses.replace(machine, addresses=known, name_lookup=lookup)
 
 
+def with_own_name(machine: Machine) -> Machine:
+    """`machine` with its host name and what that name resolves to here (gloo advertises it)."""
+    import dataclasses
+    import socket
+
+    name = socket.gethostname()
+    return dataclasses.replace(machine, own_name=(name, resolved_addresses(name)))
+
+
 def interface_addresses() -> tuple[str, ...]:
     """Every IPv4 and IPv6 address of this machine's network interfaces (loopback included)."""
     import socket
@@ -304,6 +315,30 @@ def resolved_addresses(name: str) -> tuple[str, ...]:
     except (socket.gaierror, UnicodeError):
         return ()
     return tuple(sorted({plain_address(entry[4][0]) for entry in found} - {None}))
+
+
+def address_and_port(text: str) -> tuple[str, str | None]:
+    """What a user typed for an address, split: `[::1]` and `::1` are ('::1', None);
+    `10.0.0.1:29500`, `[::1]:29500` and `host:29500` carry a port ('29500')."""
+    if text.startswith("["):
+        inside, _, rest = text[1:].partition("]")
+        return inside, rest[1:] if rest.startswith(":") else (rest or None)
+    if text.count(":") == 1:  # two or more: an IPv6 address without brackets
+        host, _, port = text.partition(":")
+        return host, port
+    return text, None
+
+
+def endpoint(address: str, port: int | str) -> str:
+    """address:port as torch parses it and as users read it: an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    literal = plain_address(address)
+    return literal is not None and ipaddress.ip_address(literal).is_loopback
 
 
 def plain_address(text: str) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.machine import Machine, plain_address, version_tuple
+from mpslaunch.machine import Machine, address_and_port, is_loopback, plain_address, version_tuple
 from mpslaunch.options import (DEFAULT_GRACE_SECONDS, MPS_WATERMARK_MAX, LaunchOptions,
                                LaunchRequest, request_problem)
 from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile
@@ -43,6 +43,7 @@ class Decision:
     accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
     replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
     keep_awake: bool = False  # macOS: caffeinate holds off idle sleep while the run lasts
+    removed: Mapping[str, str] = field(default_factory=dict)  # another launcher's, kept from the child
 
     @property
     def world_size(self) -> int:
@@ -79,6 +80,9 @@ class LaunchPlan(Decision):
         if self.replaced:
             line += "; replaced in your environment: " + ", ".join(
                 f"{key}={old} (now {self.env[key]})" for key, old in sorted(self.replaced.items()))
+        if self.removed:
+            line += f"; removed from the script's environment ({REMOVED_WHY}): " + ", ".join(
+                f"{key}={value}" for key, value in sorted(self.removed.items()))
         return line
 
     def describe(self) -> str:
@@ -100,6 +104,9 @@ class LaunchPlan(Decision):
                                      if key in self.replaced else "")
               for key, value in sorted(self.env.items())),
         ]
+        if self.removed:
+            lines.append(f"environment removed ({REMOVED_WHY}):")
+            lines += [f"  {key}={value}" for key, value in sorted(self.removed.items())]
         if self.log_dir and self.engine == "single":
             lines.append(f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
                          "stdout.log and stderr.log")
@@ -125,7 +132,8 @@ def decide(profile: Profile, options: LaunchOptions, machine: Machine,
     _check_processes(settings, device, machine,
                      _given(options, "num_processes", settings.num_processes, profile_file))
     _check_multi_gpu(options, settings, device)
-    problem = main_address_problem(settings, machine)
+    problem = main_address_problem(settings, machine) or own_name_problem(settings, device, machine,
+                                                                          environ)
     if problem:
         raise MpslaunchError(problem)
     multi = settings.num_processes > 1 or settings.num_machines > 1
@@ -145,6 +153,7 @@ def decide(profile: Profile, options: LaunchOptions, machine: Machine,
         accelerate_notes=accelerate_notes(options, settings, device, env),
         replaced=replaced_values(env, environ),
         keep_awake=settings.keep_awake and machine.is_mac,
+        removed={} if multi else other_launchers_variables(environ),
     )
 
 
@@ -199,7 +208,7 @@ def apply_flags(profile: Profile, options: LaunchOptions) -> Profile:
     problem = check_profile(settings)
     if problem:
         raise MpslaunchError(problem)
-    return settings
+    return several_machines_settings(settings, options)
 
 
 # ---------------------------------------------------------------- device
@@ -424,6 +433,49 @@ def most_processes(device: str, machine: Machine) -> int:
 # ---------------------------------------------------------------- several machines
 
 
+def several_machines_settings(settings: Profile, options: LaunchOptions) -> Profile:
+    """The settings with main_process_ip in one spelling (`[::1]` is ::1); what several machines
+    cannot run is refused here, before anything is probed or started."""
+    if settings.num_machines < 2:
+        return settings
+    if settings.main_process_ip:
+        address, port = address_and_port(settings.main_process_ip)
+        if port is not None:
+            raise MpslaunchError(
+                f"{_source(options, 'main_process_ip')} {settings.main_process_ip} has a port in "
+                f"it; give the address alone ({address}) and the port with --main_process_port "
+                f"{port}")
+        settings = settings.replace(main_process_ip=address)
+    if settings.max_restarts and settings.rdzv_backend == "static":
+        raise MpslaunchError(
+            f"{_source(options, 'max_restarts')} {settings.max_restarts} on several machines "
+            "needs --rdzv_backend c10d: after a restart, a static rendezvous sends the restarted "
+            "ranks to the old gloo addresses, and machine 0 waits forever; give every machine "
+            "--rdzv_backend c10d, or --max_restarts 0")
+    return settings
+
+
+def own_name_problem(settings: Profile, device: str, machine: Machine,
+                     environ: Mapping[str, str]) -> str | None:
+    """Why gloo cannot connect the machines: this machine's host name stands for the loopback
+    only (as many /etc/hosts files have it), so its ranks would give the others 127.0.0.1 to
+    connect to, and every machine would wait forever. None when unchecked (not probed), when
+    the machines are on this host, or when GLOO_SOCKET_IFNAME names the interface to use."""
+    if settings.num_machines < 2 or machine.own_name is None or device != "cpu":
+        return None
+    if "GLOO_SOCKET_IFNAME" in environ or is_loopback(settings.main_process_ip or "") \
+            or settings.main_process_ip == "localhost":
+        return None
+    name, addresses = machine.own_name
+    if not addresses or not all(is_loopback(address) for address in addresses):
+        return None
+    return (f"this machine's name {name} stands for {', '.join(addresses)} only, so gloo would "
+            "give the other machines a loopback address to connect to and every machine would "
+            "wait forever; set GLOO_SOCKET_IFNAME to the network interface that reaches the other "
+            f"machines (such as GLOO_SOCKET_IFNAME=eth0), or map {name} to this machine's own "
+            "address in /etc/hosts")
+
+
 def checks_main_address(settings: Profile) -> bool:
     """Machine 0 of several serves the rendezvous on the main address, so that address must be
     one of its own; unless the user says it reaches machine 0 through NAT."""
@@ -501,6 +553,25 @@ def child_environment(settings: Profile, device: str, machine: Machine,
         env["OMP_NUM_THREADS"] = (str(max(1, machine.cpu_count // settings.num_processes))
                                   if device == "cpu" else "1")
     return env
+
+
+# What torchrun (and the MPI launchers, whose world sizes Accelerate also reads) give the
+# processes they start. Left in a shell (a torchrun or SLURM job's), they tell a one-process
+# script it is one rank of a bigger world, and its init_process_group waits for the others
+# forever. A plan for one process is mpslaunch's: the child does not get them, and the summary
+# and --dry-run name them. (Several processes get torchrun's own values from torch's agent.)
+OTHER_LAUNCHERS_VARIABLES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK",
+)
+REMOVED_WHY = "another launcher's; this plan is one process"
+
+
+def other_launchers_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    return {key: value for key, value in environ.items()
+            if key in OTHER_LAUNCHERS_VARIABLES or key.startswith("TORCHELASTIC_")}
 
 
 def replaced_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -36,6 +36,26 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def handled_here(signum: int) -> bool:
+    """False for a signal this process was started with ignored (SIGHUP under nohup, SIGINT and
+    SIGQUIT for a non-interactive shell's `&` job): the run keeps ignoring it, as `python
+    script.py` would, and the children inherit the SIG_IGN."""
+    return signal.getsignal(signum) is not signal.SIG_IGN
+
+
+def stop_with(signum: int, groups: list[int]) -> None:
+    """Job control for children in sessions of their own. SIGTSTP: stop their process groups
+    (SIGSTOP: the kernel drops a SIGTSTP sent to a group outside the terminal's session), then
+    this process, as the shell expects of a job; SIGCONT: continue the groups."""
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGSTOP if signum == signal.SIGTSTP else signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if signum == signal.SIGTSTP:
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once the shell continues us (fg, bg)
+
+
 def new_run_id() -> str:
     return os.urandom(8).hex()
 

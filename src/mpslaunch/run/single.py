@@ -5,6 +5,9 @@ leaves in its process group (DataLoader workers) can be killed when it ends; wha
 (setsid helpers) is found by the run's marker (run/processes.py). On Linux the child also dies
 with the launcher (PR_SET_PDEATHSIG); its helpers in sessions of their own do not.
 With --log_dir its output is also copied to files (run/tee.py).
+A signal the launcher was started with ignored (SIGHUP under nohup, SIGINT for a shell's `&`
+job) stays ignored, as it would for `python script.py`. Ctrl-Z stops the child and then the
+launcher, so the shell's job control works; SIGCONT goes on to the child.
 Exit code: the child's own; 128+N when signal N killed it, or when stopping signal N reached
 it and it was killed after the grace period (the run was stopped by N, as on the torchrun path).
 """
@@ -16,34 +19,37 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mpslaunch import output
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.options import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
-                                     STOPPING_SIGNALS, exit_code, kill_group, kill_marked,
-                                     linux_prctl, may_be_marked, new_run_id, warm_process_table)
+                                     STOPPING_SIGNALS, exit_code, handled_here, kill_group,
+                                     kill_marked, linux_prctl, may_be_marked, new_run_id,
+                                     stop_with, warm_process_table)
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
-              watch: Watch | None = None) -> int:
+              watch: Watch | None = None, env_removals: Iterable[str] = ()) -> int:
     with watching(watch) as run:
-        code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run)
+        code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run,
+                                           env_removals)
     run.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run_child(command, env_additions, grace_seconds, log_dir, run):
+def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
-    env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
+    inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
+    env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
     supervisor = _Supervisor(grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
-    with _SignalHandlers(supervisor.forward):
+    with _SignalHandlers(supervisor.forward, supervisor.job_control):
         try:
             child = subprocess.Popen(list(command), env=env, start_new_session=True,
                                      preexec_fn=_parent_death_signal(),
@@ -103,6 +109,12 @@ class _Supervisor:
             self.kill_timer.daemon = True
             self.kill_timer.start()
 
+    def job_control(self, signum: int, _frame=None) -> None:
+        """Ctrl-Z (SIGTSTP) and SIGCONT: the child's group, in a session of its own, would not
+        see them (the kernel drops a terminal stop sent to such a group)."""
+        if self.child is not None and self.child.poll() is None:
+            stop_with(signum, [self.child.pid])
+
     def _grace_over(self) -> None:
         self.killed_after_grace = self.child.poll() is None
         self.kill_group()
@@ -118,18 +130,21 @@ class _Supervisor:
 
 
 class _SignalHandlers:
-    """Installs one handler for every forwarded signal; restores the old ones on exit."""
+    """Installs one handler for every forwarded signal (but not over an inherited SIG_IGN) and
+    one for job control; restores the old ones on exit."""
 
-    def __init__(self, handler):
-        self.handler = handler
+    def __init__(self, handler, job_control):
+        self.handlers = {**dict.fromkeys(FORWARDED_SIGNALS, handler),
+                         signal.SIGTSTP: job_control, signal.SIGCONT: job_control}
         self.previous: dict[int, object] = {}
 
     def __enter__(self):
         # Only the main thread may handle signals (mpslaunch.launch from a thread): there the
         # signals go to the caller, and the child is still stopped with its group at the end.
         if threading.current_thread() is threading.main_thread():
-            for signum in FORWARDED_SIGNALS:
-                self.previous[signum] = signal.signal(signum, self.handler)
+            for signum, handler in self.handlers.items():
+                if handled_here(signum):
+                    self.previous[signum] = signal.signal(signum, handler)
         return self
 
     def __exit__(self, *_exc):

@@ -50,13 +50,13 @@ def test_a_fixed_port_on_one_machine_is_kept():
 
 def test_several_machines_static():
     plan = plan_for(num_processes=8, num_machines=3, machine_rank=2, main_process_ip="10.1.2.3",
-                    main_process_port=29600, max_restarts=2)
+                    main_process_port=29600)
     rendezvous = rendezvous_for(plan, "ignored-for-several-machines")
     args = arguments(plan, rendezvous)
     assert not rendezvous.local
     assert_options(args, {"--nnodes": "3", "--nproc-per-node": "8", "--rdzv-backend": "static",
                           "--node-rank": "2", "--master-addr": "10.1.2.3", "--master-port": "29600",
-                          "--max-restarts": "2"})
+                          "--max-restarts": "0"})  # restarts need c10d (test_machines.py)
     # Every machine computes the same id, or their agents would not see each other in the store.
     assert option(args, "--rdzv-id") == SHARED_RUN_ID
 
@@ -83,10 +83,10 @@ def test_ipv6_address_gets_brackets():
 def test_arguments_parse_with_torchs_own_parser():
     run = pytest.importorskip("torch.distributed.run")
     plan = plan_for(num_processes=2, num_machines=2, machine_rank=1, main_process_ip="10.1.2.3",
-                    max_restarts=3, target_args=("--epochs", "2", "--nnodes", "9"))
+                    target_args=("--epochs", "2", "--nnodes", "9"))
     parsed = run.parse_args(arguments(plan, rendezvous_for(plan, "x"), log_dir="/tmp/l"))
     assert (parsed.nnodes, parsed.nproc_per_node, parsed.node_rank) == ("2", "2", 1)
-    assert (parsed.master_addr, parsed.master_port, parsed.max_restarts) == ("10.1.2.3", DEFAULT_PORT, 3)
+    assert (parsed.master_addr, parsed.master_port, parsed.max_restarts) == ("10.1.2.3", DEFAULT_PORT, 0)
     assert parsed.training_script == "train.py"
     assert parsed.training_script_args == ["--epochs", "2", "--nnodes", "9"]  # the script's own
     assert parsed.log_dir == "/tmp/l" and parsed.tee == "3"
@@ -106,8 +106,9 @@ TORCH_2_11_OPTIONS = {
 
 @pytest.mark.parametrize("flags", [
     {"num_processes": 2},
-    {"num_processes": 2, "num_machines": 2, "main_process_ip": "10.1.2.3", "max_restarts": 1},
-    {"num_processes": 2, "num_machines": 2, "main_process_ip": "10.1.2.3", "rdzv_backend": "c10d"},
+    {"num_processes": 2, "num_machines": 2, "main_process_ip": "10.1.2.3"},
+    {"num_processes": 2, "num_machines": 2, "main_process_ip": "10.1.2.3", "rdzv_backend": "c10d",
+     "max_restarts": 1},
     {"num_processes": 2, "module": True, "target": "pkg.train"},
 ])
 def test_only_options_that_torch_2_11_knows(flags):

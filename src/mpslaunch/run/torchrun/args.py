@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from mpslaunch.machine import loopback_interface
+from mpslaunch.machine import endpoint, loopback_interface
 from mpslaunch.plan import LaunchPlan
 
 LOOPBACK = "127.0.0.1"
@@ -60,11 +60,12 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
         "--max-restarts", str(plan.settings.max_restarts),
         "--monitor-interval", f"{plan.monitor_interval:g}" if plan.monitor_interval else MONITOR_INTERVAL,
     ]
-    host = _bracketed(rendezvous.address)
     if rendezvous.backend == "static":
+        # torch parses the address with the port: a bare IPv6 address needs its brackets.
+        host = endpoint(rendezvous.address, port).rpartition(":")[0]
         args += ["--node-rank", str(rendezvous.node_rank), "--master-addr", host, "--master-port", port]
     else:
-        args += ["--rdzv-endpoint", f"{host}:{port}"]
+        args += ["--rdzv-endpoint", endpoint(rendezvous.address, port)]
     if not rendezvous.local:  # each backend names its join timeout differently
         key = "timeout" if rendezvous.backend == "static" else "join_timeout"
         args += ["--rdzv-conf", f"{key}={plan.settings.rdzv_timeout}"]
@@ -83,11 +84,6 @@ def target_arguments(command: tuple[str, ...]) -> list[str]:
     if rest[:1] == ["-m"]:
         return ["--module", *rest[1:]]
     return rest
-
-
-def _bracketed(address: str) -> str:
-    # torch parses host:port endpoints; a bare IPv6 address needs its brackets.
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 # ---------------------------------------------------------------- environment

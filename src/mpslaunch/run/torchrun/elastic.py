@@ -21,6 +21,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
 from mpslaunch.errors import MpslaunchError, error_line
+from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.logdir import usable_log_dir
@@ -32,9 +33,10 @@ from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VAR
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
 from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
-                                            stopped_summary)
-from mpslaunch.run.torchrun.signals import (LauncherSignals, Stopped, adopt_orphans, rank_pids,
-                                            sweep)
+                                            stopped_ranks, stopped_summary)
+from mpslaunch.run.torchrun.signals import (LauncherSignals, Stopped, adopt_orphans, child_pids,
+                                            rank_pids, sweep)
+from mpslaunch.run.torchrun.stopping import graceful_stops
 
 
 class LaunchFailed(MpslaunchError):
@@ -85,8 +87,15 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
         notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
     if plan.settings.machine_rank == 0:
         where = ("every interface (--main_process_ip_via_nat)"
-                 if plan.settings.main_process_ip_via_nat else f"{rendezvous.address} only")
+                 if plan.settings.main_process_ip_via_nat
+                 else f"{endpoint(rendezvous.address, rendezvous.port)} only")
         notes.append(f"this machine (machine 0) serves the rendezvous store, on {where}")
+    if rendezvous.backend == "c10d":
+        # torch's c10d rendezvous handler starts that store itself (TCPStore on port 0), and
+        # TCPStore listens on every interface.
+        notes.append("with c10d, torch's agent on the machine that gets rank 0 at the rendezvous "
+                     "also serves a store for the ranks, on every interface, on a port it picks; "
+                     "--rdzv_backend static keeps the ranks on the rendezvous store")
     notes.append(f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
                  "(--rdzv_timeout); Ctrl-C stops the wait")
     return notes
@@ -97,20 +106,22 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 
 def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None) -> int:
     """Run the plan through torch's elastic agent; return the launcher's exit code."""
-    with watching(watch, rank_pids) as companion:
-        code = _run(plan, grace_seconds)
+    # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
+    # some of which may share this host.
+    run_id = new_run_id()
+    with watching(watch, lambda: rank_pids(run_id)) as companion:
+        code = _run(plan, grace_seconds, run_id)
     companion.ended(code, log_folder=plan.log_dir)
     return code
 
 
-def _run(plan: LaunchPlan, grace_seconds: float) -> int:
+def _run(plan: LaunchPlan, grace_seconds: float, run_id: str) -> int:
     rendezvous = _new_rendezvous(plan)
-    # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
-    # some of which may share this host.
-    run_id, started = new_run_id(), time.time()
+    started, callers_children = time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
-    with LauncherSignals(grace_seconds) as signals, adopt_orphans(), _LogFolder(plan.log_dir) as logs:
+    with LauncherSignals(grace_seconds, run_id) as signals, adopt_orphans(), \
+            _LogFolder(plan.log_dir) as logs:
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
@@ -118,7 +129,7 @@ def _run(plan: LaunchPlan, grace_seconds: float) -> int:
             _say(stop.summary or stopped_summary(stop.signum))
         finally:
             signals.quiet()
-            sweep(run_id, started)
+            sweep(run_id, started, callers_children)
     # The launcher is about to exit: with torch loaded, the interpreter's last garbage collection
     # makes that exit slow, and nothing of the launcher's waits on it.
     gc.freeze()
@@ -138,17 +149,21 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
                                                                logs)
         if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
             config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
+        if hasattr(config, "signals_to_handle"):  # newer torch; older ones take over all four
+            config.signals_to_handle = signals.torch_handles()  # not the ones nohup ignored
         attempts = Attempts(plan.settings.max_restarts, _say)
         config.logs_specs = elastic.logs_specs(args, attempts)
         try:
-            with whole_rank_lines(), following(attempts):
+            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops:
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
             others = other_endings(failure, failed.failures, plan.num_processes)
-            summary = failure_summary(failure, others, bool(os.environ.get("PYTHONFAULTHANDLER")))
+            stopped = stopped_ranks(failed.failures, stops.stopped_pids) if stops.followed else None
+            summary = failure_summary(failure, others, stopped, grace_seconds,
+                                      fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")))
             _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:

@@ -6,17 +6,23 @@ as a C++ stack trace on every retry. So each launcher first checks in with machi
 (key mpslaunch/joined/<machine rank>) and waits in Python: a stopping signal ends the wait at
 once (signals.Stopped), --rdzv_timeout bounds it (exit 1), and either way one line names the
 machines that had not joined. Machines 1 and up first wait for machine 0's port with a plain
-socket, one line per try. torch's own rendezvous then finds every machine there.
+socket, one line per try. A launcher for a machine rank that another launcher of the run holds
+is refused in one line (exit 2). torch's own rendezvous then finds every machine there.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
+import sys
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from mpslaunch.errors import MpslaunchError
+from mpslaunch.machine import endpoint
+from mpslaunch.run.processes import new_run_id
 from mpslaunch.run.torchrun.signals import Stopped
 
 JOINED = "mpslaunch/joined/"
@@ -35,7 +41,7 @@ class Gate:
 
     def __init__(self, rank: int, machines: int, address: str, port: int, timeout: float,
                  say: Callable[[str], None]):
-        self.rank, self.machines, self.where = rank, machines, f"{address}:{port}"
+        self.rank, self.machines, self.where = rank, machines, endpoint(address, port)
         self.address, self.port = address, port
         self.timeout, self.say = timeout, say
         self.started = time.monotonic()
@@ -45,7 +51,7 @@ class Gate:
         """Check in and wait for the others; `store`: machine 0's own, None to connect to it."""
         try:
             store = store or self._connect()
-            store.set(f"{JOINED}{self.rank}", socket.gethostname())
+            self._check_in(store)
             self._wait_for_all(store)
         except Stopped as stop:
             raise Stopped(stop.signum, f"mpslaunch: stopped by {stop} while waiting for the "
@@ -54,6 +60,18 @@ class Gate:
         except RuntimeError as error:  # torch's store errors: machine 0 went away meanwhile
             raise NotJoined(f"lost machine 0's store at {self.where} while waiting "
                             f"({type(error).__name__}); check that machine 0 still runs") from None
+
+    def _check_in(self, store) -> None:
+        """Take this machine's rank, unless another launcher of the run already has it (it
+        would otherwise wait, silently, for a place in a rendezvous that is full)."""
+        me = f"{socket.gethostname()}, pid {os.getpid()}, {new_run_id()[:6]}"
+        with _native_stderr_dropped():
+            holder = store.compare_set(f"{JOINED}{self.rank}", "", me).decode("utf-8", "replace")
+        if holder != me:
+            raise MpslaunchError(
+                f"machine rank {self.rank} is taken: another launcher ({holder.rpartition(', ')[0]}) "
+                f"joined {self.where} as machine {self.rank}; give each machine its own "
+                f"--machine_rank, from 0 to {self.machines - 1}")
 
     def _connect(self):
         from torch.distributed import TCPStore  # the several-machine path only
@@ -75,8 +93,9 @@ class Gate:
     def _wait_for_all(self, store) -> None:
         next_note = self.started + NOTE_AFTER[0]
         while True:
-            self.missing = [rank for rank in range(self.machines)
-                            if not store.check([f"{JOINED}{rank}"])]
+            with _native_stderr_dropped():
+                self.missing = [rank for rank in range(self.machines)
+                                if not store.check([f"{JOINED}{rank}"])]
             if not self.missing:
                 return
             self._give_up_if_late()
@@ -102,6 +121,23 @@ class Gate:
 
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self.started:.0f} s"
+
+
+@contextmanager
+def _native_stderr_dropped() -> Iterator[None]:
+    """While a store call runs: when machine 0 goes away, torch's C++ writes a warning with a
+    20-line stack to descriptor 2 before raising; the error is said in one line instead. Only
+    the launcher writes at this point (no rank has started)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _machines(ranks: list[int]) -> str:

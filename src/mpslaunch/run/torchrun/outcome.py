@@ -3,7 +3,8 @@
 The exit code is the first failing rank's own (128+N when signal N killed it, or stopped the
 launcher); the summary names the rank, how it ended and where its log is (or that the disk
 holding the log is full, when the log is empty for that reason).
-Then how each other rank of this machine ended: also failed, stopped, or exited 0.
+Then how each other rank of this machine ended: also failed by itself, stopped by the launcher
+(and whether it stopped within the grace period or was killed), or exited 0.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def other_endings(first: RankFailure, failures: Mapping[int, object],
     start = first.rank - first.local_rank  # this machine's ranks are consecutive
     return {rank: failures[rank].exitcode if rank in failures else 0
             for rank in range(start, start + local_ranks) if rank != first.rank}
+
+
+def stopped_ranks(failures: Mapping[int, object], stopped_pids: set[int]) -> set[int]:
+    """The ranks that were still running when the agent stopped the others (by their pids)."""
+    return {rank for rank, failure in failures.items() if failure.pid in stopped_pids}
 
 
 def rank_log_folder(log_root: str, run_id: str, local_rank: int) -> Path | None:
@@ -109,8 +115,10 @@ def aborted_at_exit(failure: RankFailure) -> bool:
 
 
 def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None,
+                    stopped: set[int] | None = None, grace_seconds: float | None = None,
                     fault_handler: bool = False) -> str:
     """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention);
+    `stopped`: which of them the launcher stopped (None: not known, judged by their codes);
     `fault_handler`: the ranks ran with PYTHONFAULTHANDLER on, so a crash printed their stack."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
     how = how_it_ended(failure.exitcode)
@@ -130,7 +138,7 @@ def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = Non
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
     if folder and (folder / "error.json").is_file():  # written by scripts that use torch's @record
         text += f", the error record in {folder / 'error.json'}"
-    return "; ".join([text, *_the_others(others or {})])
+    return "; ".join([text, *_the_others(others or {}, stopped, grace_seconds)])
 
 
 FULL_BELOW_BYTES = 65536  # less free space than one write of the rank's output may need
@@ -151,15 +159,28 @@ def disk_full(log: Path) -> bool:
 _STOPPED_BY_THE_AGENT = (-signal.SIGTERM, -signal.SIGKILL)
 
 
-def _the_others(others: Mapping[int, int]) -> list[str]:
-    """Which of the other ranks also failed, which were stopped, which had exited 0."""
-    stopped = [rank for rank, code in sorted(others.items())
-               if code in _STOPPED_BY_THE_AGENT or stopped_on_request(code)]
-    exited = [rank for rank, code in sorted(others.items()) if code == 0]
-    parts = [f"rank {rank} also failed: it {how_it_ended(code)}"
-             for rank, code in sorted(others.items()) if rank not in stopped and code != 0]
+def _the_others(others: Mapping[int, int], stopped_by_us: set[int] | None,
+                grace_seconds: float | None) -> list[str]:
+    """Which of the other ranks also failed, which were stopped (or killed when the grace
+    period ended), which had exited 0."""
+    def was_stopped(rank: int, code: int) -> bool:
+        if stopped_by_us is not None and rank not in stopped_by_us:
+            return False  # it had ended by itself before the others were stopped
+        return code in _STOPPED_BY_THE_AGENT or stopped_on_request(code)
+
+    ordered = sorted(others.items())
+    killed = [rank for rank, code in ordered if stopped_by_us is not None
+              and rank in stopped_by_us and code == -signal.SIGKILL]
+    stopped = [rank for rank, code in ordered if was_stopped(rank, code) and rank not in killed]
+    exited = [rank for rank, code in ordered if code == 0]
+    parts = [f"rank {rank} also failed: it {how_it_ended(code)}" for rank, code in ordered
+             if rank not in stopped and rank not in killed and code != 0]
     if stopped:
         parts.append(f"{_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped")
+    if killed:
+        within = f" within --grace_period {grace_seconds:g} s" if grace_seconds is not None else ""
+        parts.append(f"{_ranks(killed)} did not stop{within} and "
+                     f"{'was' if len(killed) == 1 else 'were'} killed (SIGKILL)")
     if exited:
         parts.append(f"{_ranks(exited)} exited with code 0")
     return parts

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from mpslaunch.errors import MpslaunchError, error_line
+from mpslaunch.machine import endpoint
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 
@@ -40,7 +41,7 @@ def store_on(address: str, port: int, listen: str | None = None) -> Iterator[tup
                          multi_tenant=True, master_listen_fd=descriptor)
     except (RuntimeError, ValueError) as error:
         socket.close(descriptor)
-        raise MpslaunchError(f"cannot start the rendezvous store on {address}:{chosen}: "
+        raise MpslaunchError(f"cannot start the rendezvous store on {endpoint(address, chosen)}: "
                              f"{error_line(error)}") from None
     try:
         yield chosen, store
@@ -64,7 +65,7 @@ def _listen(address: str, port: int) -> socket.socket:
                                  "machine; give one of its own as --main_process_ip, or add "
                                  "--main_process_ip_via_nat") from None
         raise MpslaunchError(
-            f"cannot listen on {address}:{port} for the rendezvous ({error.strerror}); "
+            f"cannot listen on {endpoint(address, port)} for the rendezvous ({error.strerror}); "
             "use --main_process_port 0 to pick a free port, or another port") from None
     return listener
 
