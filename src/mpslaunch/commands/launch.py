@@ -116,6 +116,8 @@ def main(args: argparse.Namespace) -> int:
     note = accelerate_note(path, translation, machine) if translation and not args.quiet else None
     if note:
         print(note, file=sys.stderr)
+    for warning in translation.warnings if translation else ():
+        print(f"mpslaunch: warning: {warning}", file=sys.stderr)
     if args.dry_run:
         print(describe(plan))
         if machine.is_mac:
