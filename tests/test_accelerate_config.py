@@ -106,7 +106,7 @@ def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
     ({"distributed_type": "XLA"}, "use `accelerate launch` on a TPU machine"),
     ({"distributed_type": "MULTI_XPU"}, "distributed_type MULTI_XPU"),
     ({"distributed_type": "NO", "mixed_precision": "fp8"}, "mixed_precision fp8"),
-    ({"distributed_type": "NO", "enable_cpu_affinity": True}, "enable_cpu_affinity cannot be translated"),
+    ({"distributed_type": "NO", "tpu_use_cluster": True}, "tpu_use_cluster cannot be translated"),
     ({"distributed_type": "MULTI_GPU", "num_processes": 3, "num_machines": 2, "main_process_ip": "h"},
      "cannot share it evenly"),
     ({"distributed_type": "MULTI_GPU", "rdzv_backend": "etcd"}, "rdzv_backend must be one of static, c10d"),
@@ -154,4 +154,6 @@ def test_older_and_hand_written_files(tmp_path):
     path = tmp_path / "acc.yaml"
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: NO\nfp16: true\n"
                     "main_process_port: null\ndynamo_backend: EAGER\nuse_cpu: false\n")
-    assert translated(path).profile == Profile(mixed_precision="fp16", dynamo_backend="eager")
+    # distributed_type NO is one process, as `accelerate launch` runs it
+    assert translated(path).profile == Profile(mixed_precision="fp16", dynamo_backend="eager",
+                                               num_processes=1)

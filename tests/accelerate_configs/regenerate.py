@@ -122,14 +122,12 @@ QUESTIONNAIRE = {
        ("resharding after forward", ""), ("offload parameters and gradients", ""),
        ("auto wrap policy", ("menu", 0)), ("_no_split_modules", "yes"),
        ("state dict type", ("menu", 0)), ("CPU RAM efficient", ""), ("activation checkpointing", ""),
-       ("use the parallelism config", "no"), ("How many GPU(s) should be used", "2"),
-       ("(by id) should be used", "")] + precision(2),
+       ("use the parallelism config", "no"), ("How many GPU(s) should be used", "2")] + precision(2),
     "megatron_lm": machine(4) + ONE_MACHINE + [("checked while running", "no")] + NO_DYNAMO
     + [("use DeepSpeed", "no"), ("FullyShardedDataParallel", "no"), ("use Megatron-LM", "yes"),
        ("Tensor Parallelism degree", "2"), ("Sequence Parallelism", ""), ("Pipeline Parallelism degree", "1"),
        ("selective activation recomputation", ""), ("distributed optimizer", ""),
-       ("gradient clipping value", ""), ("How many GPU(s) should be used", "2"),
-       ("(by id) should be used", "")] + precision(2),
+       ("gradient clipping value", ""), ("How many GPU(s) should be used", "2")] + precision(2),
     "tpu": machine(10) + NO_DYNAMO + [("should be used for distributed training", "8"), ("name of the function", ""),
                                       ("using a TPU cluster", "no")],
     "multi_xpu": other_accelerator(2, "How many XPU(s)"),
@@ -207,10 +205,14 @@ def drive(name: str, steps: list, home: Path) -> None:
             raise RuntimeError(f"{name}: accelerate config did not write the file:\n{screen}")
     finally:
         terminal.close()
-    answers = "; ".join(f"{prompt}: {value[1] if isinstance(value, tuple) else value or '<Enter>'}"
-                        for prompt, value in steps)
-    target.write_text(f"# written by `accelerate config` (Accelerate {version()}), answers: {answers}\n"
-                      + written.read_text())
+    target.write_text(header(steps) + written.read_text())
+
+
+def header(steps: list) -> str:
+    """The file's first line: how it was made, each question (its first words) and the answer."""
+    answers = "; ".join(f"{prompt}: " + (f"menu choice {value[1]}" if isinstance(value, tuple)
+                                         else value or "<Enter>") for prompt, value in steps)
+    return f"# written by `accelerate config` (Accelerate {version()}), answers: {answers}\n"
 
 
 def version() -> str:
@@ -262,7 +264,7 @@ def basic_config(name: str, mixed_precision: str, gpus: int) -> None:
 def writers() -> dict:
     """Files that Accelerate's own writers make without the questionnaire."""
     made = {}
-    questionnaire_stops = "the questionnaire asserts here that the package is installed"
+    questionnaire_stops = "the questionnaire stops here unless the package is installed"
     made["deepspeed"] = lambda home: by_writer(
         "deepspeed", "DEEPSPEED", f"DeepSpeed: {questionnaire_stops}", num_processes=2,
         mixed_precision="bf16", deepspeed_config={"zero_stage": 2, "offload_optimizer_device": "none",
