@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import MACHINES
 from mpslaunch import accelerate_config, profile as profiles
@@ -157,3 +158,35 @@ def test_older_and_hand_written_files(tmp_path):
     # distributed_type NO is one process, as `accelerate launch` runs it
     assert translated(path).profile == Profile(mixed_precision="fp16", dynamo_backend="eager",
                                                num_processes=1)
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 20) | st.floats(allow_nan=True) | st.text(max_size=12)
+    | st.sampled_from(["NO", "no", "MULTI_GPU", "MULTI_CPU", "fp16", "INDUCTOR", "all", "main", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["dynamo_backend", "dynamo_mode", "ipex", "mpirun_hostfile", "a"]), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(accelerate_config.KNOWN), _values, max_size=8))
+def test_any_value_of_any_accelerate_key_is_translated_or_refused_in_one_line(config):
+    """Wrong kinds of value (distributed_type: [1], dynamo_config: inductor, ...) never raise
+    anything but mpslaunch's one-line error."""
+    try:
+        translation = accelerate_config.translate({"distributed_type": "NO", **config}, "acc.yaml")
+    except MpslaunchError as error:
+        assert "\n" not in str(error) and str(error).startswith("acc.yaml")
+    else:
+        assert all("\n" not in warning for warning in translation.warnings)
+
+
+@pytest.mark.parametrize("off", [None, False, "no", "NO", "false", "", {}, [], [""], {"ipex": False}])
+def test_off_values_are_idle_in_every_spelling(off):
+    base = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "num_processes": 2}
+    plain = accelerate_config.translate(base, "acc.yaml")
+    for key in ("downcast_bf16", "tpu_env", "tpu_vm", "tpu_name", "commands", "deepspeed_config",
+                "fsdp_config", "megatron_lm_config", "fp8_config", "parallelism_config", "mpirun_config",
+                "enable_cpu_affinity", "ipex_config", "use_mps_device", "dynamo_config", "dynamo_backend"):
+        assert accelerate_config.translate({**base, key: off}, "acc.yaml") == plain, key
