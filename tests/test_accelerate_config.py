@@ -103,7 +103,8 @@ def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
 
 @pytest.mark.parametrize("fields, words", [
     ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}}, "distributed_type DEEPSPEED"),
-    ({"distributed_type": "MULTI_GPU", "fsdp_config": {"fsdp_version": 2}}, "fsdp_config cannot be translated"),
+    ({"distributed_type": "MULTI_GPU", "parallelism_config": {"parallelism_config_tp_size": 2}},
+     "parallelism_config cannot be translated"),
     ({"distributed_type": "XLA"}, "use `accelerate launch` on a TPU machine"),
     ({"distributed_type": "MULTI_XPU"}, "distributed_type MULTI_XPU"),
     ({"distributed_type": "NO", "mixed_precision": "fp8"}, "mixed_precision fp8"),
@@ -115,6 +116,21 @@ def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
 def test_what_cannot_map_is_refused_naming_the_key(tmp_path, fields, words):
     path = cluster_config(tmp_path / "acc.yaml", **fields)
     assert words in refusal(path)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"fsdp_config": {"fsdp_version": 2}}, "fsdp_config is left out: distributed_type is MULTI_GPU, not FSDP"),
+    ({"deepspeed_config": {"zero_stage": 2}}, "deepspeed_config is left out: distributed_type is MULTI_GPU"),
+    ({"fp8_config": {"backend": "AO"}, "mixed_precision": "bf16"},
+     "fp8_config is left out: mixed_precision is 'bf16', not fp8"),
+])
+def test_a_plugin_section_beside_another_distributed_type_is_left_out_with_a_warning(tmp_path, fields, words):
+    """accelerate launch uses a plugin's section only with the plugin's distributed_type."""
+    path = cluster_config(tmp_path / "acc.yaml", "MULTI_GPU", num_processes=2, **fields)
+    translation = translated(path)
+    assert translation.profile.device == "cuda" and translation.profile.num_processes == 2
+    (warning,) = translation.warnings
+    assert words in warning and "`accelerate launch` does not use it either" in warning
 
 
 def test_sagemaker_and_unknown_keys_are_refused(tmp_path):

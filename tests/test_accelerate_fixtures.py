@@ -65,7 +65,7 @@ REFUSED = {
     "fsdp": "Accelerate's distributed_type FSDP cannot be translated",
     "megatron_lm": "Accelerate's distributed_type MEGATRON_LM cannot be translated",
     "tpu": "Accelerate's distributed_type XLA cannot be translated",
-    "fp8": "Accelerate's fp8_config cannot be translated",
+    "fp8": "Accelerate's mixed_precision fp8 cannot be translated",
     "sagemaker": "Accelerate's compute_environment AMAZON_SAGEMAKER cannot be translated",
     **{f"multi_{kind}": f"Accelerate's distributed_type MULTI_{kind.upper()} cannot be translated"
        for kind in ("xpu", "hpu", "npu", "mlu", "sdaa", "musa")},

@@ -1,10 +1,11 @@
 """Accelerate's config files (`accelerate config`, `accelerate config default`) as mpslaunch profiles.
 
-Pure translation of the file's mapping into Profile fields: what has the same meaning maps,
-settings that change nothing here (TPU defaults, empty plugin sections) are dropped, and what
-cannot map (DeepSpeed, FSDP, TPUs, SageMaker, fp8, other accelerators) is refused in one line
-that names the key and says why. Accelerate's num_processes counts every machine; mpslaunch's
-counts this machine. Also: where Accelerate keeps its default config file.
+Pure translation of the file's mapping into Profile fields, key by key by what `accelerate launch`
+does with it (docs/accelerate-configs.md): what has the same meaning maps; settings at their off
+value, in any spelling, are idle; settings that only tune speed are left out with a one-line
+warning; what cannot map (DeepSpeed, FSDP, TPUs, SageMaker, fp8, other accelerators) is refused
+in one line that names the key and says why. Accelerate's num_processes counts every machine;
+mpslaunch's counts this machine. Also: where Accelerate keeps its default config file.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ WAYS = {
     "TPUs": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` on a TPU machine",
     "SageMaker": ("mpslaunch runs on this machine (and others you name with --num_machines); use "
                   "`accelerate launch` for Amazon SageMaker"),
-    "MPI": ("mpirun starts every machine's processes from one host, mpslaunch one launcher per "
-            "machine: remove mpirun_config and run mpslaunch on each machine with its --machine_rank "
-            "(the CPU processes run through torch.distributed.run)"),
+    "MPI": ("several CPU processes run through torch.distributed.run: use --cpu --num_processes N, "
+            "and --num_machines, --machine_rank, --main_process_ip for several machines"),
     "CPU affinity": ("mpslaunch does not pin processes to cores; size each process with "
                      "--num_cpu_threads_per_process N, or start mpslaunch under numactl or taskset"),
     "other accelerators": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` for this device",
@@ -48,24 +48,27 @@ WAYS = {
 _DEVICES = {"MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "MPS": "mps", "NO": None}
 _PLUGIN_TYPES = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP", "MEGATRON_LM": "Megatron-LM", "XLA": "TPUs",
                  "TPU": "TPUs"}
+# A plugin's section only counts with its distributed_type (fp8's with mixed_precision fp8):
+# elsewhere `accelerate launch` does not use it either, so it is left out with a warning.
+_PLUGIN_SECTIONS = {"deepspeed_config": "DEEPSPEED", "fsdp_config": "FSDP",
+                    "megatron_lm_config": "MEGATRON_LM"}
 # Sections and settings that change nothing while they hold an off value (is_off).
 _IDLE_WHEN_OFF = {
-    "deepspeed_config": "DeepSpeed", "fsdp_config": "FSDP", "megatron_lm_config": "Megatron-LM",
-    "parallelism_config": "N-d parallelism", "fp8_config": "fp8",
+    "parallelism_config": "N-d parallelism",
     "downcast_bf16": "TPUs", "tpu_use_cluster": "TPUs", "tpu_use_sudo": "TPUs", "tpu_name": "TPUs",
     "tpu_zone": "TPUs", "command_file": "TPUs", "commands": "TPUs", "tpu_vm": "TPUs", "tpu_env": "TPUs",
 }
-# Meaningless here whatever they hold: what mpslaunch's static rendezvous on machine 0's address
-# does anyway (same_network), and the TPU launcher's entry point at its only default.
+# Meaningless here whatever it holds: mpslaunch's static rendezvous on machine 0's address is
+# what Accelerate's same_network means.
 _DROPPED = ("same_network",)
-_SAME_NAME = ("num_machines", "machine_rank", "main_process_ip", "debug")
+_SAME_NAME = ("num_machines", "machine_rank", "main_process_ip")
 _DYNAMO_KEYS = ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
                 "dynamo_use_regional_compilation")
 # Older Accelerate versions wrote these; Accelerate 1.x no longer knows them.
 _OLDER = ("fp16", "dynamo_backend", "use_mps_device", "ipex_config")
 KNOWN = (*MARKERS, "use_cpu", "mixed_precision", "num_processes", "main_process_port",
          "rdzv_backend", "gpu_ids", "dynamo_config", "main_training_function", "enable_cpu_affinity",
-         "mpirun_config", *_SAME_NAME, *_IDLE_WHEN_OFF, *_DROPPED, *_OLDER)
+         "mpirun_config", "debug", "fp8_config", *_PLUGIN_SECTIONS, *_SAME_NAME, *_IDLE_WHEN_OFF, *_DROPPED, *_OLDER)
 _XLA_DYNAMO = ("AOT_TORCHXLA_TRACE_ONCE", "TORCHXLA_TRACE_ONCE")
 _OTHER_DYNAMO = ("HPU_BACKEND", "NEURON")
 # `accelerate config default` (write_basic_config) on a machine without CUDA, every Mac included:
@@ -135,6 +138,7 @@ def translate(config: Mapping[str, object], where: object) -> Translation:
     for key, kind_of in _IDLE_WHEN_OFF.items():
         if not is_off(config.get(key)):
             raise reader.refuse(key, WAYS[kind_of])
+    _unused_sections(reader, kind)
     if config.get("main_training_function", "main") not in ("main", None):
         raise reader.refuse("main_training_function", WAYS["TPUs"])
     values = {key: config[key] for key in _SAME_NAME if config.get(key) is not None}
@@ -183,6 +187,20 @@ def _distributed_type(reader: _Reader) -> str:
     if kind not in _DEVICES:
         raise reader.refuse(f"distributed_type {_cut(kind)}", WAYS["other accelerators"])
     return kind
+
+
+def _unused_sections(reader: _Reader, kind: str) -> None:
+    """Plugin sections left over beside another distributed_type (a DeepSpeed, FSDP or
+    Megatron-LM kind is refused before this)."""
+    for key, owner in _PLUGIN_SECTIONS.items():
+        if not is_off(reader.config.get(key)):
+            reader.warn(f"{key} is left out: distributed_type is {kind}, not {owner}, so "
+                        "`accelerate launch` does not use it either")
+    precision = reader.config.get("mixed_precision")
+    if not is_off(reader.config.get("fp8_config")) and not (
+            isinstance(precision, str) and precision.lower() == "fp8"):
+        reader.warn(f"fp8_config is left out: mixed_precision is {_shown(precision)}, not fp8, "
+                    "so `accelerate launch` does not use it either")
 
 
 def _flag(reader: _Reader, key: str) -> bool:
@@ -296,7 +314,9 @@ def _mpirun(reader: _Reader, kind: str, machines: object) -> None:
     if not isinstance(section, dict):
         raise reader.wrong("mpirun_config", "a section such as {mpirun_hostfile: ~/hostfile}")
     if machines != 1:
-        raise reader.refuse("mpirun_config", WAYS["MPI"])
+        raise reader.refuse("mpirun_config", "mpirun starts every machine's processes from one host, "
+                            "mpslaunch one launcher per machine: remove mpirun_config and run "
+                            "mpslaunch on each machine with its own --machine_rank")
     hostfile = section.get("mpirun_hostfile")
     reader.warn(f"mpirun_config: the processes run on this machine through torch.distributed.run, "
                 f"not mpirun (its hostfile {_shown(hostfile)} is not read)")
