@@ -68,7 +68,7 @@ REFUSED = {
     "fp8": "Accelerate's mixed_precision fp8 cannot be translated",
     "sagemaker": "Accelerate's compute_environment AMAZON_SAGEMAKER cannot be translated",
     **{f"multi_{kind}": f"Accelerate's distributed_type MULTI_{kind.upper()} cannot be translated"
-       for kind in ("xpu", "hpu", "npu", "mlu", "sdaa", "musa")},
+       for kind in ("xpu", "hpu", "npu", "mlu", "sdaa", "musa", "neuron")},
     "multi_cpu_mpirun_2_machines": "Accelerate's mpirun_config cannot be translated",
     "hand_downcast_bf16_yes": "Accelerate's downcast_bf16 cannot be translated",
     "hand_tpu_name": "Accelerate's tpu_name cannot be translated",

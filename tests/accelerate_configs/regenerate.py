@@ -136,6 +136,7 @@ QUESTIONNAIRE = {
     "multi_mlu": other_accelerator(6, "How many MLU(s)"),
     "multi_sdaa": other_accelerator(7, "How many SDAA(s)"),
     "multi_musa": other_accelerator(8, "How many MUSA(s)"),
+    "multi_neuron": other_accelerator(9, "How many NEURON cores"),
     "sagemaker": [("compute environment", ("menu", 1)), ("How do you want to authorize", ("menu", 0)),
                   ("AWS Profile name", ""), ("AWS Region", ""), ("IAM Role for executing", ("menu", 0)),
                   ("IAM role name", "accelerate-role"), ("custom Docker image", ""),
