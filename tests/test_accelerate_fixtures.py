@@ -337,7 +337,7 @@ def test_multi_cpu_runs_one_process_under_accelerate_launch(tmp_path):
     import subprocess
     import sys
 
-    script = write_script(tmp_path, "probe.py", "import os\nprint('RANK', os.environ.get('WORLD_SIZE'))\n")
+    script = write_script(tmp_path, "probe.py", "import os\nprint('WORLD_SIZE', os.environ.get('WORLD_SIZE'))\n")
     accelerate = Path(sys.executable).with_name("accelerate")
     if not accelerate.exists():
         pytest.skip("the accelerate command is not installed beside this Python")
@@ -345,4 +345,4 @@ def test_multi_cpu_runs_one_process_under_accelerate_launch(tmp_path):
                            str(script)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines().count("RANK None") == 1, done.stdout
+    assert done.stdout.splitlines().count("WORLD_SIZE None") == 1, done.stdout
