@@ -1,8 +1,10 @@
 """Launch overhead and launcher memory: `mpslaunch launch --cpu s.py` against `python s.py`.
 
-s.py imports torch and exits, like the start of any training script. The commands run in turn
-and their medians are compared; the launcher's own peak memory (not its child's) is read while
-the child runs. `--with-accelerate` also times `accelerate launch --cpu s.py`.
+s.py imports torch and exits, like the start of any training script; pass.py does nothing, so
+`mpslaunch launch --cpu pass.py` against `python pass.py` is the launcher's own fixed cost. The
+commands run in turn and their medians are compared, with each command's peak memory (the
+launcher's, whose child is smaller); the launcher's own peak memory beside a torch child is read
+while that child runs. `--with-accelerate` also times `accelerate launch --cpu s.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 SCRIPT = "import torch\ntorch.ones(1)\n"
+NOTHING = "pass\n"
 SLEEPY_SCRIPT = "import time, torch\ntime.sleep(3)\n"
 
 
@@ -26,10 +29,32 @@ def mpslaunch_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "mpslaunch"]
 
 
-def time_once(command: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+# Runs one command and prints its seconds and peak memory. It is a small process (no site, few
+# imports) because a forked child counts its parent's memory at exec as its own peak: forked
+# from this benchmark, `python pass.py` would seem to need the benchmark's memory.
+RUNNER = """
+import os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+elapsed = time.perf_counter() - start
+print(elapsed, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_once(command: list[str]) -> tuple[float, float]:
+    """Seconds from start to exit, and the peak resident memory in MB of the command's process
+    (or of a child it waited for, when that one was bigger)."""
+    done = subprocess.run([sys.executable, "-S", "-c", RUNNER, *command], capture_output=True,
+                          text=True, check=True)
+    elapsed, peak, code = done.stdout.split()
+    if int(code) != 0:
+        raise SystemExit(f"{command} failed with exit code {code}")
+    per_mb = 1024 * 1024 if sys.platform == "darwin" else 1024  # bytes on macOS, KB on Linux
+    return float(elapsed), int(peak) / per_mb
 
 
 def launcher_peak_rss_mb(command: list[str]) -> float:
@@ -57,11 +82,14 @@ def main() -> int:
                         help="also time `accelerate launch --cpu s.py`")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-bench-"))
-    script, sleepy = folder / "s.py", folder / "sleepy.py"
+    script, sleepy, nothing = folder / "s.py", folder / "sleepy.py", folder / "pass.py"
     script.write_text(SCRIPT)
     sleepy.write_text(SLEEPY_SCRIPT)
+    nothing.write_text(NOTHING)
     os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
     commands = {
+        "python pass.py": [sys.executable, str(nothing)],
+        "mpslaunch launch --cpu pass.py": [*mpslaunch_command(), "launch", "--cpu", "-q", str(nothing)],
         "python s.py": [sys.executable, str(script)],
         "mpslaunch launch --cpu s.py": [*mpslaunch_command(), "launch", "--cpu", "-q", str(script)],
     }
@@ -69,16 +97,21 @@ def main() -> int:
         accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
         commands["accelerate launch --cpu s.py"] = [accelerate, "launch", "--cpu", str(script)]
     for command in commands.values():
-        time_once(command)  # warm the file cache
-    times = {name: [] for name in commands}
+        run_once(command)  # warm the file cache
+    runs = {name: [] for name in commands}
     for _ in range(options.runs):
         for name, command in commands.items():
-            times[name].append(time_once(command))
-    base = statistics.median(times["python s.py"])
-    print(f"{'command':32} {'median s':>9} {'ratio':>6}   ({options.runs} alternating runs)")
-    for name, samples in times.items():
-        median = statistics.median(samples)
-        print(f"{name:32} {median:9.3f} {median / base:6.3f}")
+            runs[name].append(run_once(command))
+    print(f"{'command':32} {'median s':>9} {'ratio':>6} {'peak MB':>8}   ({options.runs} alternating runs)")
+    for name, samples in runs.items():
+        base = "python pass.py" if "pass.py" in name else "python s.py"
+        median = statistics.median(seconds for seconds, _ in samples)
+        base_median = statistics.median(seconds for seconds, _ in runs[base])
+        peak = statistics.median(megabytes for _, megabytes in samples)
+        print(f"{name:32} {median:9.3f} {median / base_median:6.3f} {peak:8.1f}")
+    fixed = (statistics.median(s for s, _ in runs["mpslaunch launch --cpu pass.py"])
+             - statistics.median(s for s, _ in runs["python pass.py"]))
+    print(f"the launcher's fixed cost (launch pass.py - python pass.py): {fixed * 1000:.0f} ms")
     sleepy_command = [*mpslaunch_command(), "launch", "--cpu", "-q", str(sleepy)]
     print(f"launcher peak RSS (mpslaunch process only): {launcher_peak_rss_mb(sleepy_command):.1f} MB")
     if options.with_accelerate:

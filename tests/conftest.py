@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.torch_check import MpsAnswer
 
@@ -63,12 +65,58 @@ def isolated_cache_dir(tmp_path_factory, monkeypatch) -> Path:
     return folder
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None,
-            timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """`python -m mpslaunch ARGS` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "mpslaunch", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})},
-                          cwd=cwd, **kwargs)
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120,
+            config_dir: Path | None = None, python_options: tuple[str, ...] = (),
+            **kwargs) -> subprocess.CompletedProcess:
+    """`python [PYTHON_OPTIONS] -m mpslaunch ARGS` in a subprocess, as a user runs it;
+    `config_dir`: the profiles' folder (MPSLAUNCH_CONFIG_DIR). Its stdin is never a terminal."""
+    if "input" not in kwargs:
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+    env = {**os.environ, **({"MPSLAUNCH_CONFIG_DIR": str(config_dir)} if config_dir else {}), **(env or {})}
+    return subprocess.run([sys.executable, *python_options, "-m", "mpslaunch", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs)
+
+
+def one_line_error(result: subprocess.CompletedProcess, longest: int | None = None) -> str:
+    """The refusal's one line: exit code 2, `mpslaunch: error: ...` alone on stderr, no
+    traceback (and at most `longest` characters)."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("mpslaunch: error: "), lines[0][:300]
+    assert longest is None or len(lines[0]) <= longest, lines[0][:300]
+    return lines[0]
+
+
+def refusal_of(call) -> str | None:
+    """call()'s MpslaunchError message, or None when it returns; any other exception fails."""
+    try:
+        call()
+    except MpslaunchError as error:
+        return str(error)
+    return None
+
+
+def wait_for(condition, seconds: float = 30.0):
+    """condition()'s first true value, asked every 0.05 s; its last (false) value after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
+def file_line(path: Path, seconds: float = 30.0) -> str:
+    """The text of `path` once its writer has finished a line (it ends with a newline)."""
+    def written() -> str | None:
+        text = path.read_text() if path.exists() else ""
+        return text if text.endswith("\n") else None
+
+    text = wait_for(written, seconds)
+    assert text, f"{path} never appeared"
+    return text
 
 
 def write_script(folder: Path, name: str, body: str) -> Path:

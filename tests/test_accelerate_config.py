@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import MACHINES
-from mpslaunch import accelerate_config, profile as profiles
+from mpslaunch import accelerate_config, profile_files
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchRequest, resolve
 from mpslaunch.profile import Profile
@@ -40,15 +40,15 @@ def cluster_config(path: Path, distributed_type: str, as_json: bool = False, **f
 
 
 def translated(path: Path) -> accelerate_config.Translation:
-    translation = accelerate_config.load(path)
+    translation = profile_files.read_accelerate(path)
     assert translation is not None
-    assert profiles.load(path) == translation.profile  # any command reads it the same way
+    assert profile_files.load(path) == translation.profile  # any command reads it the same way
     return translation
 
 
 def refusal(path: Path) -> str:
     with pytest.raises(MpslaunchError) as caught:
-        accelerate_config.load(path)
+        profile_files.read_accelerate(path)
     message = str(caught.value)
     assert "\n" not in message and str(path) in message
     return message
@@ -97,7 +97,7 @@ def test_devices(tmp_path, distributed_type, use_cpu, device):
 
 def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
     path = cluster_config(tmp_path / "acc.yaml", "NO", num_processes=1, mixed_precision="fp16")
-    plan = resolve(profiles.load(path), LaunchRequest("train.py"), MACHINES["m2_macos15"], {})
+    plan = resolve(profile_files.load(path), LaunchRequest("train.py"), MACHINES["m2_macos15"], {})
     assert (plan.device, plan.mixed_precision) == ("mps", "fp16")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MACHINES, run_cli, write_script
-from mpslaunch import accelerate_config, cli, machine as machine_probe, profile as profiles
+from mpslaunch import accelerate_config, cli, machine as machine_probe, profile_files
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchRequest, resolve
@@ -184,7 +184,7 @@ def accelerate_launch(path: Path, machine: Machine, monkeypatch):
 def mpslaunch_plan(path: Path, machine: Machine):
     """(device, mixed precision, processes per machine) of mpslaunch's plan, or its error."""
     try:
-        plan = resolve(profiles.load(path), LaunchRequest("train.py"), machine, {})
+        plan = resolve(profile_files.load(path), LaunchRequest("train.py"), machine, {})
     except MpslaunchError as error:
         return str(error)
     return plan.device, plan.mixed_precision, plan.num_processes
@@ -234,7 +234,7 @@ def test_refused_files_are_files_accelerate_reads(name):
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_refused_in_one_line_naming_the_key(name):
     with pytest.raises(MpslaunchError) as caught:
-        accelerate_config.load(fixture(name))
+        profile_files.read_accelerate(fixture(name))
     message = str(caught.value)
     assert "\n" not in message and str(fixture(name)) in message
     assert REFUSED[name] in message
@@ -242,7 +242,7 @@ def test_refused_in_one_line_naming_the_key(name):
 
 @pytest.mark.parametrize("name", sorted(PLANNED))
 def test_warnings_are_one_line_each_and_only_where_expected(name):
-    translation = accelerate_config.load(fixture(name))
+    translation = profile_files.read_accelerate(fixture(name))
     expected = WARNINGS.get(name, [])
     assert len(translation.warnings) == len(expected), translation.warnings
     for words, warning in zip(expected, translation.warnings):
@@ -282,7 +282,7 @@ def test_cli_imports_and_plans_each_planned_file(name, tmp_path, monkeypatch, ca
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "Traceback" not in err and all(words in err for words in WARNINGS.get(name, []))
-    imported = profiles.load(tmp_path / "imported.yaml")
+    imported = profile_files.load(tmp_path / "imported.yaml")
     assert not isinstance(ours, tuple) or resolve(imported, LaunchRequest("train.py"), machine, {}) \
         .num_processes == ours[2]
 
@@ -326,7 +326,7 @@ def test_warnings_reach_the_user_through_the_real_cli(tmp_path):
     assert warning in dry.stderr and "processes:       1 per machine" in dry.stdout
     imported = run_cli("config", "--from-accelerate", str(path), "--config_file", str(tmp_path / "p.yaml"))
     assert imported.returncode == 0, imported.stderr
-    assert warning in imported.stderr and profiles.load(tmp_path / "p.yaml").num_processes == 1
+    assert warning in imported.stderr and profile_files.load(tmp_path / "p.yaml").num_processes == 1
     shown = run_cli("config", "show", "--config_file", str(path))
     assert f"# warning: {path}: distributed_type NO is one process" in shown.stdout
 

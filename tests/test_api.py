@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import mpslaunch
-from conftest import REPO, write_script
+from conftest import REPO, one_line_error, run_cli, write_script
 from mpslaunch.errors import MpslaunchError
 
 
@@ -119,3 +119,21 @@ def test_the_notebook_example_runs_as_a_script():
     assert done.returncode == 0, done.stderr
     one, several = done.stdout.splitlines()
     assert one.startswith("(0, ") and several.startswith("{0: (0, 'cpu', ") and ", 1: (1, 'cpu', " in several
+
+
+@pytest.mark.parametrize("option, value, word", [
+    ("grace_period", -5, "-5"),
+    ("num_processes", 0, "0"),
+    ("tee", "9", "9"),
+    ("monitor_interval", 0.0, "0"),
+    ("device", "gpu", "gpu"),
+    ("gpu_ids", "0, 1", "0, 1"),
+])
+def test_the_api_refuses_what_the_cli_refuses_in_the_same_words(tmp_path, option, value, word):
+    script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
+    with pytest.raises(MpslaunchError) as caught:
+        mpslaunch.launch(str(script), cpu=True, **{option: value})
+    cli = one_line_error(run_cli("launch", "--cpu", f"--{option}", word, str(script)))
+    assert cli.startswith(f"mpslaunch: error: {caught.value} (see `mpslaunch launch --help`)")
+    assert str(caught.value).startswith(f"--{option} ")
+    assert not (tmp_path / "train.py.ran").exists()

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cli, write_script
-
-
-def one_line_error(result) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert lines[0].startswith("mpslaunch: error: ")
-    return lines[0]
+from conftest import one_line_error, run_cli, write_script
 
 
 @pytest.mark.parametrize("typed, meant", [

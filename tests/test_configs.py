@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import MACHINES, REPO
-from mpslaunch import profile as profiles
+from mpslaunch import profile_files
 from mpslaunch.plan import LaunchRequest, resolve
 
 
@@ -18,13 +18,13 @@ from mpslaunch.plan import LaunchRequest, resolve
     ("two-machines.yaml", "linux_8gpu", "cuda", "torchrun", 16),
 ])
 def test_example_profile_resolves(name, machine, device, engine, world_size):
-    profile = profiles.load(REPO / "configs" / name)
+    profile = profile_files.load(REPO / "configs" / name)
     plan = resolve(profile, LaunchRequest("train.py"), MACHINES[machine], {})
     assert (plan.device, plan.engine, plan.world_size) == (device, engine, world_size)
 
 
 def test_mac_profile_sets_consistent_watermarks():
-    plan = resolve(profiles.load(REPO / "configs" / "mac.yaml"), LaunchRequest("t.py"), MACHINES["m1_macos14"], {})
+    plan = resolve(profile_files.load(REPO / "configs" / "mac.yaml"), LaunchRequest("t.py"), MACHINES["m1_macos14"], {})
     assert float(plan.env["PYTORCH_MPS_LOW_WATERMARK_RATIO"]) <= float(plan.env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"])
 
 

@@ -30,3 +30,20 @@ def test_each_command_help_ends_with_examples_and_shows_no_maintainer_notes(caps
     assert examples and all(line.startswith(f"  mpslaunch {command}") for line in examples)
     docstring = importlib.import_module(cli.COMMANDS[command][0]).__doc__
     assert docstring.splitlines()[0] not in text
+
+
+def test_launch_help_shows_one_spelling_per_option_a_one_line_usage_and_defaults(capsys):
+    text = help_text(capsys, "launch")
+    assert text.splitlines()[0] == "usage: mpslaunch launch [options] [script] ..."
+    assert text.splitlines()[1] == ""
+    assert "--mixed_precision {no,fp16,bf16}" in text and "--mixed-precision" not in text
+    assert "--num-processes" not in text and "--dry-run" not in text
+    assert "(default: no)" in text and "(default: 30)" in text and "(default: static)" in text
+    for title in ("what to run on:", "several machines", "for the script's Accelerator", "output and profile:"):
+        assert title in text
+
+
+def test_the_dash_spelling_is_still_taken(capsys):
+    parser = cli.build_parser("launch")
+    args = parser.parse_args(["launch", "--mixed-precision", "bf16", "--num-processes", "2", "t.py"])
+    assert (args.mixed_precision, args.num_processes) == ("bf16", 2)

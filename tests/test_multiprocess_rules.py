@@ -13,7 +13,8 @@ from conftest import MACHINES, write_script
 from mpslaunch import cli, machine as machine_probe
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.plan import LaunchRequest, resolve
-from mpslaunch.profile import Profile, save
+from mpslaunch.profile import Profile
+from mpslaunch.profile_files import save
 from mpslaunch.commands.questions import process_counts, several_machines_possible
 
 # Apple silicon Macs where this torch's mps works: auto means mps there.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.profile import Profile, check_profile, check_value
@@ -343,19 +342,13 @@ def _cut(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-# ---------------------------------------------------------------- the file
-
-
-def load(path: Path) -> Translation | None:
-    """The translation of the Accelerate config at `path`; None when it is an mpslaunch profile."""
-    from mpslaunch.profile import read_accelerate  # read with the profile reader's limits and checks
-
-    config = read_accelerate(path)
-    return None if config is None else translate(config, path)
+# ---------------------------------------------------------------- Accelerate's default file
 
 
 def default_config_path(environ: Mapping[str, str] = os.environ) -> Path:
     """Where `accelerate config` writes by default (accelerate/commands/config/config_args.py)."""
+    from pathlib import Path  # here: `launch` imports this module for WAYS alone
+
     cache = environ.get("XDG_CACHE_HOME", "~/.cache")
     home = environ.get("HF_HOME", os.path.join(cache, "huggingface"))
     if home.startswith("~") and environ.get("HOME"):  # expanduser, with this environment's HOME

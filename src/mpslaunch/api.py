@@ -15,33 +15,26 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from dataclasses import fields
 
-from mpslaunch import profile as profiles
-from mpslaunch.commands.launch import announce, check_target, execute, probe_for
+from mpslaunch import launcher, output
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.plan import LaunchPlan, LaunchRequest, resolve
-from mpslaunch.run.single import DEFAULT_GRACE_SECONDS
+from mpslaunch.options import REQUEST_OPTIONS, LaunchRequest
+from mpslaunch.plan import LaunchPlan
 
-OPTIONS = tuple(f.name for f in fields(LaunchRequest) if f.name not in ("target", "target_args"))
+OPTIONS = tuple(option.name for option in REQUEST_OPTIONS)
 
 
 def launch(target, *args, profile: str | None = None, config_file: str | None = None,
-           quiet: bool = False, grace_period: float = DEFAULT_GRACE_SECONDS,
-           start_method: str = "fork", **options):
+           quiet: bool = False, start_method: str = "fork", **options):
     """Run a script (a path) or a function with the plan `mpslaunch launch` would make here."""
     _check_options(options)
     function = target if callable(target) else None
     name = getattr(function, "__qualname__", "function") if function else os.fspath(target)
-    request = LaunchRequest(target=name, target_args=() if function else tuple(map(str, args)),
-                            **options)
-    loaded, _ = profiles.load_active(config_file, profile)
-    plan = resolve(loaded, request, probe_for(loaded, request, quiet), os.environ)
+    request = LaunchRequest(name, () if function else tuple(map(str, args)), **options)
+    plan = launcher.prepare(request, profile, config_file, quiet, target_is_file=function is None)
+    launcher.announce(plan, quiet)
     if function is None:
-        check_target(request)
-    announce(plan, quiet)
-    if function is None:
-        return execute(plan, grace_period)
+        return launcher.execute(plan)
     if plan.engine == "single":
         return _call_here(plan, function, args)
     return _run_in_processes(plan, function, args, start_method)
@@ -62,9 +55,8 @@ def _call_here(plan: LaunchPlan, function, args: tuple):
     from mpslaunch.run.torchrun.elastic import environment
 
     if "torch" in sys.modules and "PYTORCH_ENABLE_MPS_FALLBACK" in plan.env:
-        print("mpslaunch: warning: torch is already imported, and it reads "
-              "PYTORCH_ENABLE_MPS_FALLBACK when it loads; set it before importing torch",
-              file=sys.stderr)
+        output.warning("torch is already imported, and it reads PYTORCH_ENABLE_MPS_FALLBACK when "
+                       "it loads; set it before importing torch")
     with environment(plan.env):
         return fresh_call(function, *args)
 

@@ -11,7 +11,8 @@ import argparse
 import importlib
 import sys
 
-from mpslaunch import __version__
+from mpslaunch import __version__, output
+from mpslaunch.commands.options import HelpFormatter
 from mpslaunch.errors import MpslaunchError
 
 HELP = """\
@@ -40,11 +41,17 @@ class OneLineParser(argparse.ArgumentParser):
     and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+        super().__init__(*args, **{"allow_abbrev": False, "exit_on_error": False,
+                                   "formatter_class": HelpFormatter, **kwargs})
+
+    def parse_known_args(self, args=None, namespace=None):
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as problem:
+            self.error(_wording(problem))
 
     def error(self, message: str):
-        sys.stderr.write(f"mpslaunch: error: {message}{self.nearest_options(message)} "
-                         f"(see `{self.prog} --help`)\n")
+        output.error(f"{message}{self.nearest_options(message)} (see `{self.prog} --help`)")
         sys.exit(2)
 
     def nearest_options(self, message: str) -> str:
@@ -56,6 +63,17 @@ class OneLineParser(argparse.ArgumentParser):
                  if word.startswith("--")]
         found = list(dict.fromkeys(name for name in found if name))
         return f" (did you mean {' or '.join(found)}?)" if found else ""
+
+
+def _wording(problem: argparse.ArgumentError) -> str:
+    """A value the option table refused reads `--name why` (the table's words); argparse's own
+    problems name the option by its one shown spelling."""
+    if problem.argument_name is None:
+        return problem.message
+    names = problem.argument_name.split("/")
+    if problem.message.startswith(tuple(f"{name} " for name in names)):
+        return problem.message
+    return f"argument {names[0]}: {problem.message}"
 
 
 def _nearest(word: str, options) -> str | None:
@@ -81,17 +99,17 @@ def _nearest(word: str, options) -> str | None:
 def build_parser(command: str | None) -> OneLineParser:
     description, examples = _split_help(HELP)
     parser = OneLineParser(prog="mpslaunch", description=description,
-                           epilog=f"{examples}\n\n{EPILOG}",
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=f"{examples}\n\n{EPILOG}")
     parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    # prog given: argparse would otherwise build a help formatter (and import shutil) to find it.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                     prog="mpslaunch")
     if command in COMMANDS:
         # Only the chosen command: building a parser per command costs time on every launch.
         module_name, help_text = COMMANDS[command]
         module = importlib.import_module(module_name)
         description, examples = _split_help(module.HELP)
-        sub = commands.add_parser(command, help=help_text, description=description,
-                                  epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub = commands.add_parser(command, help=help_text, description=description, epilog=examples)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.main)
         parser.command_parser = sub
@@ -120,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except MpslaunchError as error:
-        print(f"mpslaunch: error: {error}", file=sys.stderr)
+        output.error(str(error))
         return error.exit_code
     except BrokenPipeError:
         return 0  # `mpslaunch env | head` closed the pipe early: not an error

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from mpslaunch import torch_check
 from mpslaunch.torch_check import MpsAnswer
@@ -190,9 +189,10 @@ def _torch_build_facts() -> dict[str, str]:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {}
-    version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    version_file = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
     try:
-        text = version_file.read_text()
+        with open(version_file) as stream:
+            text = stream.read()
     except OSError:
         return {}
     found = re.findall(r"^(__version__|cuda)\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
@@ -220,17 +220,23 @@ def _count_visible(setting: str, present: int) -> int:
 
 
 def _nvidia_gpu_names() -> tuple[str, ...]:
-    proc_dir = Path("/proc/driver/nvidia/gpus")
-    if proc_dir.is_dir():
-        return tuple(_gpu_model(info / "information") for info in sorted(proc_dir.iterdir()))
+    # os.path, not pathlib: the launch path does not need pathlib's import.
+    proc_dir = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(proc_dir):
+        return tuple(_gpu_model(os.path.join(proc_dir, gpu, "information"))
+                     for gpu in sorted(os.listdir(proc_dir)))
     # Containers often expose only the device nodes /dev/nvidia0, /dev/nvidia1, ...
-    nodes = [p for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)]
-    return tuple("NVIDIA GPU" for _ in nodes)
-
-
-def _gpu_model(information: Path) -> str:
     try:
-        found = re.search(r"^Model:\s*(.+)$", information.read_text(), re.MULTILINE)
+        devices = os.listdir("/dev")
+    except OSError:
+        devices = []
+    return tuple("NVIDIA GPU" for name in devices if re.fullmatch(r"nvidia\d+", name))
+
+
+def _gpu_model(information: str) -> str:
+    try:
+        with open(information) as stream:
+            found = re.search(r"^Model:\s*(.+)$", stream.read(), re.MULTILINE)
     except OSError:
         found = None
     return found.group(1).strip() if found else "NVIDIA GPU"

@@ -1,4 +1,6 @@
-"""The rules: `resolve(profile, request, machine, environ) -> LaunchPlan`, a pure function.
+"""The rules, as pure functions: `decide(profile, options, machine, environ) -> Decision` (the
+device, precision, processes and child variables, for any target), then `for_target(decision,
+request, machine) -> LaunchPlan` (the command); `resolve` is the two in one.
 
 Precedence, the device choice, the precision and process checks and the child's environment all
 live here; it reads no files and starts nothing, so tests can describe any machine. Each refusal
@@ -7,12 +9,14 @@ is an MpslaunchError that says what to do; each rule cites its fact in docs/mps-
 
 from __future__ import annotations
 
-from collections.abc import Mapping  # typing costs an import on every launch
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, plain_address, version_tuple
-from mpslaunch.profile import KNOWN_KEYS, MPS_WATERMARK_MAX, Profile, check_profile, check_value
+from mpslaunch.options import (DEFAULT_GRACE_SECONDS, MPS_WATERMARK_MAX, LaunchOptions,
+                               LaunchRequest, request_problem)
+from mpslaunch.profile import KNOWN_KEYS, Profile, check_profile
 
 # torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
 # (docs/mps-facts.md: Environment variables).
@@ -23,57 +27,20 @@ CPU_PROCESSES_PER_CORE = 4
 
 
 @dataclass(frozen=True)
-class LaunchRequest:
-    """What the command line asked for. None means "not given": the profile decides."""
+class Decision:
+    """What runs where, for any target: the device, the precision, the processes, the variables."""
 
-    target: str  # a script path, or a module name when `module` is set
-    target_args: tuple[str, ...] = ()
-    module: bool = False
-    cpu: bool = False
-    device: str | None = None
-    mixed_precision: str | None = None
-    num_processes: int | None = None
-    num_machines: int | None = None
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
-    main_process_ip_via_nat: bool | None = None
-    main_process_port: int | None = None
-    rdzv_backend: str | None = None
-    rdzv_timeout: int | None = None
-    max_restarts: int | None = None
-    log_dir: str | None = None
-    # Accelerate's launch options with the same meaning here (`accelerate launch --help`).
-    gpu_ids: str | None = None
-    dynamo_backend: str | None = None
-    dynamo_mode: str | None = None
-    dynamo_use_fullgraph: bool | None = None
-    dynamo_use_dynamic: bool | None = None
-    dynamo_use_regional_compilation: bool | None = None
-    debug: bool | None = None
-    multi_gpu: bool = False  # a check: the plan must be several GPUs
-    num_cpu_threads_per_process: int | None = None
-    tee: str | None = None
-    monitor_interval: float | None = None
-    no_python: bool = False  # run the target itself, not `python target`
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
     device: str  # "mps", "cuda" or "cpu"
     reason: str  # one line: why this device
     mixed_precision: str
     num_processes: int  # processes on this machine
     num_machines: int
     engine: str  # "single": one child process; "torchrun": torch.distributed.run
-    command: tuple[str, ...]  # what each process runs: python script.py args...
     env: Mapping[str, str]  # variables added to (or changed in) the user's environment
     settings: Profile  # the profile after the command-line flags were applied
-    log_dir: str | None = None
     warnings: tuple[str, ...] = field(default=())
     one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
     accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
-    monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
-    no_python: bool = False  # command[0] is the target itself
     replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
 
     @property
@@ -88,6 +55,18 @@ class LaunchPlan:
         if self.one_per_gpu and self.num_processes > 1:
             processes += ", one per GPU (--num_processes 1 for one)"
         return f"{self.reason}; precision {self.mixed_precision}; {processes}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan(Decision):
+    """A decision, and the command that runs the target with it."""
+
+    command: tuple[str, ...]  # what each process runs: python script.py args...
+    log_dir: str | None = None
+    monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
+    no_python: bool = False  # command[0] is the target itself
+    grace_period: float = DEFAULT_GRACE_SECONDS  # after Ctrl-C or SIGTERM, before the kill
+    mps_verdict: str | None = None  # on a Mac: torch's answer about mps, for --dry-run
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
@@ -124,60 +103,86 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
-def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
-            environ: Mapping[str, str]) -> LaunchPlan:
-    settings = apply_flags(profile, request)
-    machine = with_gpu_ids(machine, settings.gpu_ids, _source(request, "gpu_ids"), environ)
-    device, reason = choose_device(settings.device, request, machine)
+def decide(profile: Profile, options: LaunchOptions, machine: Machine,
+           environ: Mapping[str, str]) -> Decision:
+    """The device, precision, processes and variables for these options, whatever the target."""
+    settings = apply_flags(profile, options)
+    machine = with_gpu_ids(machine, settings.gpu_ids, _source(options, "gpu_ids"), environ)
+    device, reason = choose_device(settings.device, options, machine)
     one_per_gpu = settings.num_processes is None
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
     _check_precision(settings.mixed_precision, device, machine)
     _check_processes(settings, device, machine)
-    _check_launch_options(request, settings, device)
+    _check_multi_gpu(options, settings, device)
     problem = main_address_problem(settings, machine)
     if problem:
         raise MpslaunchError(problem)
     multi = settings.num_processes > 1 or settings.num_machines > 1
     env = child_environment(settings, device, machine, environ, multi)
-    env.update(accelerate_environment(request, settings, device))
-    return LaunchPlan(
+    env.update(accelerate_environment(options, settings, device))
+    return Decision(
         device=device,
         reason=reason,
         mixed_precision=settings.mixed_precision,
         num_processes=settings.num_processes,
         num_machines=settings.num_machines,
         engine="torchrun" if multi else "single",
-        command=child_command(request, machine),
         env=env,
         settings=settings,
-        log_dir=request.log_dir,
-        warnings=_warnings(settings, device, machine) + _no_effect(request, settings, device, multi),
+        warnings=_warnings(settings, device, machine) + _no_effect(options, settings, device, multi),
         one_per_gpu=one_per_gpu and device == "cuda",
-        accelerate_notes=accelerate_notes(request, settings, device, env),
-        monitor_interval=request.monitor_interval,
-        no_python=request.no_python,
+        accelerate_notes=accelerate_notes(options, settings, device, env),
         replaced=replaced_values(env, environ),
     )
+
+
+def for_target(decision: Decision, request: LaunchRequest, machine: Machine) -> LaunchPlan:
+    """The plan that runs the request's target with this decision."""
+    if request.no_python and request.module:
+        raise MpslaunchError("-m and --no_python cannot be used together: -m runs a module with "
+                             "python; give one of them")
+    decided = {name: getattr(decision, name) for name in Decision.__dataclass_fields__}
+    if request.no_python:
+        decided["accelerate_notes"] += (f"--no_python: each process runs {request.target} "
+                                        "itself, not with python",)
+    return LaunchPlan(
+        **decided,
+        command=child_command(request, machine),
+        log_dir=request.log_dir,
+        monitor_interval=request.monitor_interval,
+        no_python=request.no_python,
+        grace_period=request.grace_period,
+        mps_verdict=mps_verdict_text(machine) if machine.is_mac else None,
+    )
+
+
+def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
+            environ: Mapping[str, str]) -> LaunchPlan:
+    """decide(), then the command for the request's target."""
+    return for_target(decide(profile, request, machine, environ), request, machine)
+
+
+def mps_verdict_text(machine: Machine) -> str:
+    """The dry run's line about torch's verdict on mps."""
+    if machine.mps_answer is None:
+        return "not asked (only a plan for mps asks torch; `mpslaunch env` asks now)"
+    return f"{machine.mps_answer.describe()}; `mpslaunch env` checks again"
 
 
 # ---------------------------------------------------------------- precedence
 
 
-def apply_flags(profile: Profile, request: LaunchRequest) -> Profile:
-    """Command-line flags win over the profile; each flag is checked like a profile key."""
-    if request.cpu and request.device not in (None, "cpu"):
-        raise MpslaunchError(f"--cpu and --device {request.device} contradict each other; give one")
-    changes = {}
-    for key in KNOWN_KEYS:
-        value = getattr(request, key, None)
-        if value is None or key == "version":
-            continue
-        problem = check_value(key, value)
-        if problem:
-            raise MpslaunchError(f"--{key} {problem}")
-        changes[key] = value
-    if request.cpu:
+def apply_flags(profile: Profile, options: LaunchOptions) -> Profile:
+    """Command-line flags win over the profile; each is checked as the option table says."""
+    problem = request_problem(options)
+    if problem:
+        raise MpslaunchError(problem)
+    if options.cpu and options.device not in (None, "cpu"):
+        raise MpslaunchError(f"--cpu and --device {options.device} contradict each other; give one")
+    changes = {key: getattr(options, key) for key in KNOWN_KEYS
+               if getattr(options, key, None) is not None}
+    if options.cpu:
         changes["device"] = "cpu"
     settings = profile.replace(**changes)
     problem = check_profile(settings)
@@ -189,9 +194,9 @@ def apply_flags(profile: Profile, request: LaunchRequest) -> Profile:
 # ---------------------------------------------------------------- device
 
 
-def choose_device(wanted: str, request: LaunchRequest, machine: Machine) -> tuple[str, str]:
+def choose_device(wanted: str, options: LaunchOptions, machine: Machine) -> tuple[str, str]:
     """The device and a one-line reason. Explicit requests never fall back silently."""
-    source = "--cpu" if request.cpu else (f"--device {request.device}" if request.device else "the profile")
+    source = "--cpu" if options.cpu else (f"--device {options.device}" if options.device else "the profile")
     if wanted == "cpu":
         return "cpu", f"cpu: asked for by {source}"
     if wanted in ("mps", "cuda"):
@@ -342,27 +347,35 @@ def default_processes(device: str, machine: Machine) -> int:
 
 
 def _check_processes(settings: Profile, device: str, machine: Machine) -> None:
+    problem = processes_problem(settings, device, machine)
+    if problem:
+        raise MpslaunchError(problem)
+
+
+def processes_problem(settings: Profile, device: str, machine: Machine) -> str | None:
+    """Why this many processes and machines cannot run on this device here, or None."""
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
         asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
                  else f"{settings.num_machines} machines")
-        raise MpslaunchError(
+        return (
             f"{asked} cannot train on mps: only one process can use a Mac's GPU, and the "
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
             f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
             "for several CPU processes, or a machine with several NVIDIA GPUs")
     most_cpu_processes = most_processes("cpu", machine)
     if device == "cpu" and settings.num_processes > most_cpu_processes:
-        raise MpslaunchError(
+        return (
             f"--num_processes {settings.num_processes} CPU processes on {machine.cpu_count} cores "
             f"would thrash the machine (each process holds a model copy); use at most "
             f"{most_cpu_processes}, usually no more than {machine.cpu_count}")
     gpus = len(machine.cuda_devices)
     if device == "cuda" and settings.num_processes > gpus:
-        raise MpslaunchError(
+        return (
             f"--num_processes {settings.num_processes} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
             f"{gpus} or fewer")
+    return None
 
 
 def most_processes(device: str, machine: Machine) -> int:
@@ -516,9 +529,9 @@ def _ratio_text(value: float) -> str:
 # ---------------------------------------------------------------- Accelerate's launch options
 
 
-def _source(request: LaunchRequest, key: str) -> str:
+def _source(options: LaunchOptions, key: str) -> str:
     """How a message names a setting: the flag when it was given, else the profile's key."""
-    return f"--{key}" if getattr(request, key, None) not in (None, False) else f"the profile's {key}"
+    return f"--{key}" if getattr(options, key, None) not in (None, False) else f"the profile's {key}"
 
 
 def with_gpu_ids(machine: Machine, gpu_ids: str | None, source: str,
@@ -539,30 +552,16 @@ def with_gpu_ids(machine: Machine, gpu_ids: str | None, source: str,
     return replace(machine, cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
 
 
-def _check_launch_options(request: LaunchRequest, settings: Profile, device: str) -> None:
+def _check_multi_gpu(options: LaunchOptions, settings: Profile, device: str) -> None:
     world = settings.num_processes * settings.num_machines
-    if request.multi_gpu and not (device == "cuda" and world > 1):
+    if options.multi_gpu and not (device == "cuda" and world > 1):
         raise MpslaunchError(
             f"--multi_gpu asks for several GPUs, but the plan is {world} process"
             f"{'es' if world > 1 else ''} on {device}; mpslaunch starts one process per visible "
             "NVIDIA GPU without it, so drop --multi_gpu, or what asks for one process")
-    if request.no_python and request.module:
-        raise MpslaunchError("-m and --no_python cannot be used together: -m runs a module with "
-                             "python; give one of them")
-    if request.num_cpu_threads_per_process is not None and request.num_cpu_threads_per_process < 1:
-        raise MpslaunchError(f"--num_cpu_threads_per_process must be 1 or more, not "
-                             f"{request.num_cpu_threads_per_process}")
-    if request.monitor_interval is not None and not 0 < request.monitor_interval <= 3600:
-        raise MpslaunchError(f"--monitor_interval must be a number of seconds above 0 (at most "
-                             f"3600), not {request.monitor_interval}")
-    if request.tee is not None and request.tee not in TEE_VALUES:
-        raise MpslaunchError(f"--tee must be one of {', '.join(TEE_VALUES)}, not {request.tee!r}")
 
 
-TEE_VALUES = ("0", "1", "2", "3")  # torchrun's: none, stdout, stderr, both
-
-
-def accelerate_environment(request: LaunchRequest, settings: Profile, device: str) -> dict[str, str]:
+def accelerate_environment(request: LaunchOptions, settings: Profile, device: str) -> dict[str, str]:
     """The variables `accelerate launch` sets for these options (accelerate/utils/launch.py)."""
     env = {}
     if device == "cuda" and settings.gpu_ids not in (None, "all"):
@@ -582,7 +581,7 @@ def accelerate_environment(request: LaunchRequest, settings: Profile, device: st
     return env
 
 
-def accelerate_notes(request: LaunchRequest, settings: Profile, device: str,
+def accelerate_notes(request: LaunchOptions, settings: Profile, device: str,
                      env: Mapping[str, str]) -> tuple[str, ...]:
     """For --dry-run: what each of Accelerate's options given became."""
     notes = []
@@ -605,8 +604,6 @@ def accelerate_notes(request: LaunchRequest, settings: Profile, device: str,
     if request.monitor_interval is not None:
         notes.append(f"--monitor_interval {request.monitor_interval:g}: torch.distributed.run's "
                      "--monitor-interval")
-    if request.no_python:
-        notes.append(f"--no_python: each process runs {request.target} itself, not with python")
     return tuple(notes)
 
 
@@ -615,7 +612,7 @@ SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "m
                            "machine_rank", "monitor_interval")
 
 
-def _no_effect(request: LaunchRequest, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
+def _no_effect(request: LaunchOptions, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
     """Options given that change nothing in this plan, named rather than silently dropped."""
     warnings = []
     if settings.gpu_ids not in (None, "all") and device != "cuda":
@@ -632,5 +629,3 @@ def _no_effect(request: LaunchRequest, settings: Profile, device: str, multi: bo
                         f"(Accelerate's counts every machine's): {total} in all")
     return tuple(warnings)
 
-
-assert {f.name for f in fields(LaunchRequest)} >= set(KNOWN_KEYS) - {"version", "mps_fallback", "mps_memory_cap"}

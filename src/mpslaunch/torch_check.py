@@ -13,7 +13,6 @@ import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 CHECK_TIMEOUT_SECONDS = 20.0
 CACHE_FILE = "mps-check.json"
@@ -136,6 +135,8 @@ def _why_not(facts: dict) -> tuple[str | None, str]:
 
 
 def cache_dir() -> Path:
+    from pathlib import Path  # only with a cache to read: not on a Linux launch
+
     override = os.environ.get("MPSLAUNCH_CACHE_DIR")
     if override:
         return Path(override).expanduser()

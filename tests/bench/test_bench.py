@@ -22,7 +22,7 @@ from mpslaunch.bench.report import (
 )
 from mpslaunch.bench.timing import Timing
 from mpslaunch.errors import MpslaunchError
-from conftest import MACHINES
+from conftest import MACHINES, run_cli
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
         "--warmup", "1", "--budget", "0.5"]
@@ -352,14 +352,9 @@ def test_cli_module_import_does_not_load_torch_or_config_only_packages():
 
 # ---- through the real CLI ----------------------------------------------------------------------
 
-def run_cli(*argv: str, python_options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *python_options, "-m", "mpslaunch", "bench", *argv],
-                          capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.skipif(bool(bench_devices.accelerators_present()), reason="needs a machine without one")
 def test_cli_without_an_accelerator_warns_then_measures_the_cpu():
-    done = run_cli("--workload", "matvec", "--sizes", "16", "--repeats", "2", "--json")
+    done = run_cli("bench", "--workload", "matvec", "--sizes", "16", "--repeats", "2", "--json")
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[0].startswith(NO_ACCELERATOR)
     assert {row["device"] for row in json.loads(done.stdout)["results"]} == {"cpu"}
@@ -368,7 +363,7 @@ def test_cli_without_an_accelerator_warns_then_measures_the_cpu():
 @pytest.mark.parametrize("argv", [["--sizes", "0"], ["--devices", "tpu"],
                                   ["--repeats", "x"]])
 def test_cli_bad_input_exits_2_with_one_line(argv):
-    done = run_cli(*argv)
+    done = run_cli("bench", *argv)
     assert done.returncode == 2
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
@@ -376,7 +371,7 @@ def test_cli_bad_input_exits_2_with_one_line(argv):
 
 def test_cli_cpu_run_prints_the_table_without_config_only_packages(tmp_path):
     # The GPU machine has no questionary or platformdirs: bench must never import them.
-    done = run_cli("--cpu", "--sizes", "16", "--workload", "matvec", "--repeats", "2",
+    done = run_cli("bench", "--cpu", "--sizes", "16", "--workload", "matvec", "--repeats", "2",
                    "--out", str(tmp_path), python_options=("-X", "importtime"))
     assert done.returncode == 0, done.stderr
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()

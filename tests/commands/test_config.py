@@ -21,8 +21,8 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from mpslaunch.commands import config as configure
-from mpslaunch import profile as profiles
-from conftest import MACHINES
+from mpslaunch import profile_files
+from conftest import MACHINES, run_cli, wait_for
 from mpslaunch.machine import Machine, probe
 from mpslaunch.profile import Profile
 
@@ -31,12 +31,6 @@ M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M
 LINUX_CPU = Machine(system="Linux", arch="x86_64", torch_version="2.14.1", cpu_count=4,
                     python="/usr/bin/python3")
 EXISTING = "# hand-edited, keep me\nversion: 1\ndevice: cpu\nnum_processes: 2\n"
-
-
-def run_cli(*args: str, config_dir: Path, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(config_dir)}
-    return subprocess.run([sys.executable, "-m", "mpslaunch", *args], capture_output=True, text=True,
-                          env=env, stdin=stdin, timeout=60)
 
 
 def default_here() -> Profile:
@@ -79,7 +73,7 @@ def test_interrupted_questions_create_no_file(tmp_path):
 def test_answers_are_written_shown_and_loadable(tmp_path, capsys):
     path = tmp_path / "sub" / "fast.yaml"
     assert interactive(path, M2, "\r" "\x1b[B\r" "\r" "\r") == 0  # auto, fp16, fallback, no cap
-    assert profiles.load(path) == Profile(mixed_precision="fp16", num_processes=1)
+    assert profile_files.load(path) == Profile(mixed_precision="fp16", num_processes=1)
     out = capsys.readouterr().out
     assert f"Wrote {path}" in out and "mixed_precision: fp16" in out
     assert "device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1" in out
@@ -89,7 +83,7 @@ def test_the_existing_profile_gives_the_defaults(tmp_path):
     path = tmp_path / "default.yaml"
     path.write_text(EXISTING)
     assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0  # cpu, 2 processes, one machine, no
-    assert profiles.load(path) == Profile(device="cpu", num_processes=2)
+    assert profile_files.load(path) == Profile(device="cpu", num_processes=2)
 
 
 def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
@@ -97,7 +91,7 @@ def test_a_broken_existing_profile_is_named_then_replaced(tmp_path, capsys):
     path.write_text("devise: mps\n")
     assert interactive(path, LINUX_CPU, "\r\r\r\r") == 0
     assert "mpslaunch: warning: the existing profile cannot be used as a starting point" in capsys.readouterr().err
-    assert profiles.load(path) == Profile(num_processes=1)
+    assert profile_files.load(path) == Profile(num_processes=1)
 
 
 # ---------------------------------------------------------------- --default and show
@@ -108,7 +102,7 @@ def test_default_on_apple_silicon_means_auto_which_is_mps(tmp_path, capsys, monk
     path = tmp_path / "default.yaml"
     args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
     assert configure.main(args) == 0
-    written = profiles.load(path)
+    written = profile_files.load(path)
     assert written == Profile(num_processes=1) and written.device == "auto"
     assert "device auto -> mps: Apple M2" in capsys.readouterr().out
 
@@ -121,18 +115,18 @@ def test_default_writes_what_auto_means_on_the_machine(tmp_path, capsys, monkeyp
     path = tmp_path / "default.yaml"
     args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
     assert configure.main(args) == 0
-    assert profiles.load(path) == Profile(device="auto", num_processes=processes)
+    assert profile_files.load(path) == Profile(device="auto", num_processes=processes)
     assert f"precision no; {processes} process" in capsys.readouterr().out
 
 
 def test_show_says_what_auto_becomes_and_what_would_be_refused(tmp_path):
     path = tmp_path / "p.yaml"
-    profiles.save(Profile(), path)
+    profile_files.save(Profile(), path)
     text = configure.show(str(path), None, M2)
     assert text.startswith(f"# {path}\n") and "device: auto" in text
     assert text.endswith("on this machine: device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1; "
                          "precision no; 1 process")
-    profiles.save(Profile(device="mps"), path)
+    profile_files.save(Profile(device="mps"), path)
     assert "would refuse: the profile asks for mps" in configure.show(str(path), None, LINUX_CPU)
 
 
@@ -151,14 +145,14 @@ def test_cli_without_a_terminal_asks_for_default_and_does_not_hang(tmp_path):
 def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
     done = run_cli("config", "--yes", "--profile", "fast", config_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert profiles.load(tmp_path / "fast.yaml") == default_here()
+    assert profile_files.load(tmp_path / "fast.yaml") == default_here()
     shown = run_cli("config", "show", "--profile", "fast", config_dir=tmp_path)
     assert shown.returncode == 0 and shown.stdout.startswith(f"# {tmp_path / 'fast.yaml'}")
     assert "on this machine: device auto -> " in shown.stdout
 
     target = tmp_path / "elsewhere" / "mine.yaml"
     assert run_cli("config", "--default", "--config_file", str(target), config_dir=tmp_path).returncode == 0
-    assert profiles.load(target) == default_here()
+    assert profile_files.load(target) == default_here()
 
 
 def test_cli_says_how_to_use_a_named_profile(tmp_path):
@@ -172,7 +166,7 @@ def test_a_profile_written_off_a_mac_has_no_mps_keys_and_still_loads(tmp_path):
     assert done.returncode == 0, done.stderr
     written = (tmp_path / "default.yaml").read_text()
     assert "device: auto" in written and "mps_" not in written
-    assert profiles.load(tmp_path / "default.yaml") == default_here()
+    assert profile_files.load(tmp_path / "default.yaml") == default_here()
     shown = run_cli("config", "show", config_dir=tmp_path)
     assert shown.returncode == 0 and "mps_" not in shown.stdout
     # A profile from a Mac, with the MPS keys, loads and shows here too.
@@ -187,7 +181,7 @@ def test_cli_default_takes_accelerate_style_choices(tmp_path, spelling):
     done = run_cli("config", *spelling, "--mixed_precision", "bf16", "--num-processes", "2",
                    "--device", "cpu", config_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    written = profiles.load(tmp_path / "default.yaml")
+    written = profile_files.load(tmp_path / "default.yaml")
     assert written == Profile(device="cpu", mixed_precision="bf16", num_processes=2)
     assert "on this machine: device cpu -> cpu: asked for by the profile; precision bf16; 2 processes" in done.stdout
 
@@ -233,13 +227,14 @@ class Tmux:
         return self.tmux("capture-pane", "-p", "-t", "t")
 
     def wait_for(self, text: str, timeout: float = 20.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if text in screen:
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} never appeared; the screen:\n{self.screen()}")
+        """The screen once it shows `text`."""
+        screen = wait_for(lambda: self._showing(text), timeout)
+        assert screen, f"{text!r} never appeared; the screen:\n{self.screen()}"
+        return screen
+
+    def _showing(self, text: str) -> str | None:
+        screen = self.screen()
+        return screen if text in screen else None
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "t", *keys)
@@ -277,7 +272,7 @@ def test_questions_in_a_real_terminal(terminal, tmp_path):
     screen.keys("Down", "Enter")  # bf16
     text = screen.wait_for("EXIT=")
     assert "EXIT=0" in text and "fp16 not offered" in text
-    assert profiles.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16", num_processes=1)
+    assert profile_files.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16", num_processes=1)
 
 
 def test_a_wrong_answer_shows_right_under_its_question_in_a_real_terminal(terminal):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mpslaunch.commands import env as envreport
-from mpslaunch import profile as profiles
+from mpslaunch import profile_files
 from mpslaunch.machine import Machine, probe
 from mpslaunch.profile import Profile
 
@@ -19,7 +19,7 @@ M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M
 
 
 def test_cli_prints_one_fenced_block_without_importing_torch(tmp_path):
-    profiles.save(Profile(mixed_precision="bf16"), tmp_path / "default.yaml")
+    profile_files.save(Profile(mixed_precision="bf16"), tmp_path / "default.yaml")
     code = ("import sys; from mpslaunch.cli import main; code = main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'the launcher process imported torch'; sys.exit(code)")
     env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(tmp_path), "OMP_NUM_THREADS": "3",
@@ -104,7 +104,7 @@ def test_profile_facts_on_a_mac(tmp_path, monkeypatch):
     assert facts["profile"] == "none: defaults"
     assert facts["launcher_choice"].startswith("mps: Apple M2, macOS 14.5")
 
-    profiles.save(Profile(device="cuda"), tmp_path / "gpu.yaml")
+    profile_files.save(Profile(device="cuda"), tmp_path / "gpu.yaml")
     facts = envreport.profile_facts(M2, {}, None, "gpu")
     assert facts["profile"]["device"] == "cuda" and facts["launcher_choice"].startswith("refuses: ")
 

@@ -13,7 +13,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from conftest import MACHINES, run_cli, write_script
-from mpslaunch import cli, machine as machine_probe, profile as profiles
+from mpslaunch import cli, machine as machine_probe, profile_files
 from mpslaunch.commands import config as configure
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.profile import Profile
@@ -63,7 +63,7 @@ def test_config_from_accelerate_writes_and_shows_the_profile(tmp_path):
     done = run_cli("config", "--from-accelerate", str(path), "--profile", "imported",
                    env={"MPSLAUNCH_CONFIG_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
-    assert profiles.load(tmp_path / "imported.yaml") == Profile(device="cpu", mixed_precision="bf16",
+    assert profile_files.load(tmp_path / "imported.yaml") == Profile(device="cpu", mixed_precision="bf16",
                                                                 num_processes=4)
     assert f"Read {path} as an Accelerate config file." in done.stdout
     assert "num_processes: 4" in done.stdout and "precision bf16; 4 processes" in done.stdout
@@ -77,13 +77,13 @@ def test_accelerates_default_config_is_named_and_imported(tmp_path):
     assert missing.returncode == 2 and "no Accelerate config file at" in missing.stderr
     cluster_config(tmp_path / "hf" / "accelerate" / "default_config.yaml", "MULTI_CPU", num_processes=2,
                    mixed_precision="bf16")
-    shown = run_cli("config", "show", env=env).stdout
-    assert "note: Accelerate's default config" in shown and "does not use it unless given" in shown
+    shown = run_cli("config", "show", env=env).stderr
+    assert "mpslaunch: note: Accelerate's default config" in shown and "does not use it unless given" in shown
     assert "mpslaunch config --from-accelerate" in shown
     report = run_cli("env", "--timeout", "60", env=env).stdout
     assert "- Accelerate default config: " in report and "does not use it unless given" in report
     assert run_cli("config", "--from-accelerate", env=env).returncode == 0
-    assert profiles.load(tmp_path / "mine" / "default.yaml").num_processes == 2
+    assert profile_files.load(tmp_path / "mine" / "default.yaml").num_processes == 2
 
 
 def on_a_mac(monkeypatch):
@@ -101,9 +101,9 @@ def test_on_a_mac_default_keeps_mps_and_says_so(tmp_path, monkeypatch, capsys):
     source = basic_config(tmp_path, "bf16", monkeypatch)
     on_a_mac(monkeypatch)
     assert configure.main(import_args(source, tmp_path / "p.yaml", default=True)) == 0
-    assert profiles.load(tmp_path / "p.yaml") == Profile(device="auto", mixed_precision="bf16", num_processes=1)
-    out = capsys.readouterr().out
-    assert "without asking" in out and "keeps the Mac's GPU" in out and "device auto -> mps" in out
+    assert profile_files.load(tmp_path / "p.yaml") == Profile(device="auto", mixed_precision="bf16", num_processes=1)
+    out, err = capsys.readouterr()
+    assert "without asking" in err and "keeps the Mac's GPU" in err and "device auto -> mps" in out
 
 
 def test_on_a_mac_without_a_terminal_or_default_nothing_is_written(tmp_path, monkeypatch):
@@ -114,7 +114,7 @@ def test_on_a_mac_without_a_terminal_or_default_nothing_is_written(tmp_path, mon
         configure.main(args)
     assert not (tmp_path / "p.yaml").exists()
     args.device = "cpu"  # said outright: no question
-    assert configure.main(args) == 0 and profiles.load(tmp_path / "p.yaml").device == "cpu"
+    assert configure.main(args) == 0 and profile_files.load(tmp_path / "p.yaml").device == "cpu"
 
 
 class Terminal:
@@ -131,4 +131,4 @@ def test_on_a_mac_the_question_decides(tmp_path, monkeypatch, capsys, keys, devi
         pipe.send_text(keys)
         with create_app_session(input=pipe, output=DummyOutput()):
             assert configure.main(import_args(source, tmp_path / "p.yaml")) == 0
-    assert profiles.load(tmp_path / "p.yaml").device == device
+    assert profile_files.load(tmp_path / "p.yaml").device == device

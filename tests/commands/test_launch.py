@@ -6,13 +6,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, write_script
-from mpslaunch import profile as profiles
+from conftest import file_line, one_line_error, run_cli, wait_for, write_script
+from mpslaunch import profile_files
 from mpslaunch.profile import Profile
 
 REPORT_ENV = """
@@ -26,36 +25,19 @@ import os, signal, sys, time
 from pathlib import Path
 folder = Path(sys.argv[1])
 def record(signum, frame):
-    (folder / "got").write_text(signal.Signals(signum).name)
+    (folder / "got").write_text(signal.Signals(signum).name + "\\n")
     sys.exit(int(sys.argv[2]))
 if sys.argv[2] != "default":
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1"):
         signal.signal(getattr(signal, name), record)
-(folder / "ready").write_text(str(os.getpid()))
+(folder / "ready").write_text(f"{os.getpid()}\\n")
 time.sleep(60)
 """
-
-
-def one_line_error(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def start_launcher(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mpslaunch", "launch", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
-    time.sleep(0.05)  # let the writer finish
-    return path.read_text()
 
 
 def alive(pid: int) -> bool:
@@ -99,7 +81,7 @@ def test_module_target(tmp_path):
 
 
 def test_default_profile_is_used_and_flags_beat_it(tmp_path, isolated_config_dir):
-    profiles.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "default.yaml")
+    profile_files.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "default.yaml")
     script = write_script(tmp_path, "report.py", REPORT_ENV)
     env = json.loads(run_cli("launch", "-q", str(script)).stdout)["env"]
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
@@ -108,8 +90,8 @@ def test_default_profile_is_used_and_flags_beat_it(tmp_path, isolated_config_dir
 
 
 def test_named_profile_and_config_file(tmp_path, isolated_config_dir):
-    profiles.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "fast.yaml")
-    profiles.save(Profile(device="cpu"), tmp_path / "mine.yaml")
+    profile_files.save(Profile(device="cpu", mixed_precision="bf16"), isolated_config_dir / "fast.yaml")
+    profile_files.save(Profile(device="cpu"), tmp_path / "mine.yaml")
     script = write_script(tmp_path, "report.py", REPORT_ENV)
     named = json.loads(run_cli("launch", "-q", "--profile", "fast", str(script)).stdout)["env"]
     assert named["MPSLAUNCH_MIXED_PRECISION"] == "bf16"
@@ -211,17 +193,17 @@ def test_broken_default_profile_is_one_line(tmp_path, isolated_config_dir):
 def test_signals_reach_the_child_once_and_its_code_comes_back(tmp_path, signum):
     script = write_script(tmp_path, "wait.py", WAIT_FOR_SIGNAL)
     launcher = start_launcher("--cpu", "-q", str(script), str(tmp_path), "7")
-    child_pid = int(wait_for(tmp_path / "ready"))
+    child_pid = int(file_line(tmp_path / "ready"))
     launcher.send_signal(signum)
     assert launcher.wait(timeout=30) == 7
-    assert wait_for(tmp_path / "got") == signal.Signals(signum).name
+    assert file_line(tmp_path / "got").strip() == signal.Signals(signum).name
     assert not alive(child_pid)
 
 
 def test_child_killed_by_forwarded_sigterm_gives_143(tmp_path):
     script = write_script(tmp_path, "wait.py", WAIT_FOR_SIGNAL)
     launcher = start_launcher("--cpu", "-q", str(script), str(tmp_path), "default")
-    child_pid = int(wait_for(tmp_path / "ready"))
+    child_pid = int(file_line(tmp_path / "ready"))
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=30) == 143
     assert not alive(child_pid)
@@ -231,12 +213,12 @@ def test_child_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     script = write_script(tmp_path, "stubborn.py", """
 import os, signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-open(sys.argv[1], "w").write(str(os.getpid()))
+open(sys.argv[1], "w").write(f"{os.getpid()}\\n")
 time.sleep(120)
 """)
     ready = tmp_path / "ready"
     launcher = start_launcher("--cpu", "-q", "--grace_period", "1", str(script), str(ready))
-    child_pid = int(wait_for(ready))
+    child_pid = int(file_line(ready))
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=30) == 143  # stopped by SIGTERM, as on the torchrun path
     assert not alive(child_pid)
@@ -251,10 +233,7 @@ open(sys.argv[1], "w").write(str(grandchild.pid))
     pid_file = tmp_path / "grandchild"
     assert run_cli("launch", "--cpu", "-q", str(script), str(pid_file)).returncode == 0
     grandchild = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(grandchild)
+    assert wait_for(lambda: not alive(grandchild), 10)
 
 
 def test_log_dir_with_one_process_keeps_the_output_in_files_too(tmp_path):

@@ -16,7 +16,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from conftest import MACHINES
-from mpslaunch import profile as profiles
+from mpslaunch import profile_files
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.plan import LaunchRequest, resolve
@@ -53,8 +53,8 @@ def answer(machine: Machine, keys: str, start: Profile | None = None, close: boo
 
 def loads_and_resolves(profile: Profile, machine: Machine, tmp_path):
     path = tmp_path / "written.yaml"
-    profiles.save(profile, path)
-    loaded = profiles.load(path)
+    profile_files.save(profile, path)
+    loaded = profile_files.load(path)
     assert loaded == profile
     return resolve(loaded, LaunchRequest(target="train.py"), machine, {})
 

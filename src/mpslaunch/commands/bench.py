@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpslaunch import machine as machine_probe
+from mpslaunch import machine as machine_probe, output
 from mpslaunch.commands.options import add_option
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
@@ -87,9 +87,9 @@ def main(args: argparse.Namespace) -> int:
     if options.devices == ("cpu",) and not args.cpu and args.devices is None:
         # Said before the minutes of measuring, not after. The cpu table still answers how fast
         # this machine is at each size, a baseline to set against another machine's run.
-        print("mpslaunch: warning: this machine has no usable accelerator (mps or cuda), so there "
-              "is nothing to compare the cpu with; measuring the cpu alone (--cpu asks for that "
-              "without this warning)", file=sys.stderr, flush=True)
+        output.warning("this machine has no usable accelerator (mps or cuda), so there is nothing "
+                       "to compare the cpu with; measuring the cpu alone (--cpu asks for that "
+                       "without this warning)")
     results, interrupted = run_all(options)
     environment = describe_environment(options.devices, machine)
     if args.json:
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
     if interrupted:
-        print("mpslaunch: bench interrupted: the results above are partial", file=sys.stderr)
+        output.say("bench interrupted: the results above are partial")
         return EXIT_INTERRUPTED
     return 0
 

@@ -13,13 +13,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from mpslaunch import accelerate_config
+from mpslaunch import accelerate_config, output, profile_files
 from mpslaunch import machine as machine_probe
 from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.commands.options import add_option, add_profile_options
-from mpslaunch.plan import LaunchRequest, apply_flags, mps_problem, resolve
+from mpslaunch.commands.options import add_option, add_table_options
+from mpslaunch.options import LaunchOptions
+from mpslaunch.plan import apply_flags, decide, mps_problem
 from mpslaunch.profile import Profile
 
 HELP = """\
@@ -60,14 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                help="write the profile an Accelerate config file means (default: Accelerate's "
                     "own default config), and show it")
     which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
-    add_profile_options(which, profile_help="the profile NAME.yaml in the config folder",
-                        file_help="a profile file anywhere")
+    add_table_options(which, "profile", "config_file")
     chosen = parser.add_argument_group("with --default or --from_accelerate (as `accelerate config "
                                        "default` takes them)")
-    chosen.add_argument("--device", choices=profiles.DEVICES, help="auto (default), mps, cuda or cpu")
-    add_option(chosen, "--mixed_precision", choices=profiles.PRECISIONS, help="no (default), fp16 or bf16")
-    add_option(chosen, "--num_processes", type=int, metavar="N",
-               help="processes on this machine (default: one per NVIDIA GPU, else 1)")
+    add_table_options(chosen, *DEFAULT_CHOICES)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -84,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
                                  "`--from-accelerate` writes one; give one of them")
         print(show(args.config_file, args.profile, machine_probe.probe()))
         return 0
-    path = profiles.profile_path(args.config_file, args.profile)
+    path = profile_files.profile_path(args.config_file, args.profile)
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if importing:
@@ -123,7 +120,7 @@ def interactive(path: Path, machine: Machine, use: str = "") -> int:
 def _stopped(stop: BaseException, path: Path) -> int:
     kept = f"; {path} is unchanged" if path.exists() else ""
     how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "input ended"
-    print(f"mpslaunch: config {how}: nothing written{kept}", file=sys.stderr)
+    output.say(f"config {how}: nothing written{kept}")
     return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_END_OF_INPUT
 
 
@@ -134,20 +131,20 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
     if not config_path.is_file():
         raise MpslaunchError(f"no Accelerate config file at {config_path}; give its path: "
                              "`mpslaunch config --from-accelerate PATH`")
-    translation = accelerate_config.load(config_path)
+    translation = profile_files.read_accelerate(config_path)
     if translation is None:
         raise MpslaunchError(f"{config_path} is an mpslaunch profile, not an Accelerate config; "
                              f"use it as it is with --config_file {config_path}")
     print(f"Read {config_path} as an Accelerate config file.")
     for warning in translation.warnings:
-        print(f"mpslaunch: warning: {warning}", file=sys.stderr)
+        output.warning(warning)
     profile = translation.profile
     if translation.basic_cpu and mps_problem(machine) is None and "device" not in choices:
         try:
             profile = profile.replace(device="auto" if _keep_mps(ask) else "cpu")
         except (KeyboardInterrupt, EOFError) as stop:
             return _stopped(stop, path)
-    profile = apply_flags(profile, LaunchRequest(target="script.py", **choices))
+    profile = apply_flags(profile, LaunchOptions(**choices))
     return write(profile, path, machine)
 
 
@@ -155,8 +152,8 @@ def _keep_mps(ask: bool) -> bool:
     why = ("its use_cpu: true is what `accelerate config default` writes on every Mac without "
            "asking (it looks only for NVIDIA GPUs)")
     if not ask:
-        print(f"note: {why}; the profile keeps the Mac's GPU (device auto, which is mps here); "
-              "give --device cpu to keep cpu")
+        output.note(f"{why}; the profile keeps the Mac's GPU (device auto, which is mps here); "
+                    "give --device cpu to keep cpu")
         return True
     if not sys.stdin.isatty():
         raise MpslaunchError(f"{why}, and stdin is not a terminal, so mpslaunch cannot ask which "
@@ -169,19 +166,18 @@ def _keep_mps(ask: bool) -> bool:
 def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> Profile:
     """--default: the defaults and the choices given, checked as `launch` checks them, with
     num_processes written out as auto means it here (one per NVIDIA GPU, else 1)."""
-    request = LaunchRequest(target="script.py", **choices)
-    return resolve(Profile(), request, machine, environ).settings
+    return decide(Profile(), LaunchOptions(**choices), machine, environ).settings
 
 
 def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
     replaced = path.exists()
     try:
-        profiles.save(profile, path, unused_keys(profile, machine))
+        profile_files.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
         raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
     print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
-    print(profiles.to_yaml(profile, unused_keys(profile, machine)))
+    print(profile_files.to_yaml(profile, unused_keys(profile, machine)))
     print(on_this_machine(profile, machine))
     if use:
         print(use)
@@ -189,28 +185,32 @@ def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
 
 
 def show(config_file: str | None, profile_name: str | None, machine: Machine) -> str:
-    profile, path, translation = profiles.read_active(config_file, profile_name)
-    if path is None:
-        where = profiles.profile_path(config_file, profile_name)
+    """The profile in force, where it is and what it means here (with a note on stderr when
+    Accelerate's default config exists and is not used)."""
+    loaded = profile_files.read_active(config_file, profile_name)
+    if loaded.path is None:
+        where = profile_files.profile_path(config_file, profile_name)
         head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
-    elif translation:
-        head = f"# {path}: an Accelerate config file, read as this profile"
-        head += "".join(f"\n# warning: {warning}" for warning in translation.warnings)
+    elif loaded.translation:
+        head = f"# {loaded.path}: an Accelerate config file, read as this profile"
+        head += "".join(f"\n# warning: {warning}" for warning in loaded.translation.warnings)
     else:
-        head = f"# {path}"
-    body = profiles.to_yaml(profile, unused_keys(profile, machine)).split("\n", 1)[1]  # no comment line
-    text = f"{head}\n{body}\n{on_this_machine(profile, machine)}"
+        head = f"# {loaded.path}"
+    profile = loaded.profile
+    body = profile_files.to_yaml(profile, unused_keys(profile, machine)).split("\n", 1)[1]  # no comment line
     accelerate = accelerate_config.unused_default_note(os.environ)
-    return text + (f"\nnote: Accelerate's default config {accelerate}" if accelerate else "")
+    if accelerate:
+        output.note(f"Accelerate's default config {accelerate}")
+    return f"{head}\n{body}\n{on_this_machine(profile, machine)}"
 
 
 def on_this_machine(profile: Profile, machine: Machine) -> str:
     """One line: what `mpslaunch launch script.py` would do here with this profile."""
     try:
-        plan = resolve(profile, LaunchRequest(target="script.py"), machine, os.environ)
+        decision = decide(profile, LaunchOptions(), machine, os.environ)
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
-    return f"on this machine: device {profile.device} -> {plan.choice()}"
+    return f"on this machine: device {profile.device} -> {decision.choice()}"
 
 
 def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:
@@ -226,8 +226,8 @@ def _existing(path: Path) -> Profile | None:
     if not path.exists():
         return None
     try:
-        return profiles.load(path)
+        return profile_files.load(path)
     except MpslaunchError as error:
-        print(f"mpslaunch: warning: the existing profile cannot be used as a starting point "
-              f"({error}); answering the questions replaces it", file=sys.stderr)
+        output.warning(f"the existing profile cannot be used as a starting point ({error}); "
+                       "answering the questions replaces it")
         return None

@@ -15,13 +15,14 @@ import platform
 import re
 from typing import Any
 
-from mpslaunch import __version__, accelerate_config
+from mpslaunch import __version__, accelerate_config, profile_files
 from mpslaunch import machine as machine_probe
-from mpslaunch import profile as profiles
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.commands.options import add_profile_options
-from mpslaunch.plan import LaunchRequest, resolve
+from mpslaunch.commands.options import add_table_options
+from mpslaunch.options import LaunchOptions
+from mpslaunch.plan import decide
+from mpslaunch.profile import Profile
 from mpslaunch.torch_check import CHECK_TIMEOUT_SECONDS, run_torch_check
 
 HELP = """\
@@ -49,8 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT_SECONDS, metavar="SECONDS",
                         help="time limit for the torch and MPS check (default: %(default)g)")
     which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
-    add_profile_options(which, profile_help="report the profile NAME.yaml in the config folder",
-                        file_help="report this profile file")
+    add_table_options(which, "profile", "config_file")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -143,12 +143,13 @@ def relevant_environment(environ) -> dict[str, str]:
 def profile_facts(machine: Machine, environ, config_file: str | None,
                   profile_name: str | None) -> dict[str, Any]:
     try:
-        profile, path = profiles.load_active(config_file, profile_name)
+        loaded = profile_files.read_active(config_file, profile_name)
     except MpslaunchError as error:
         return {"profile_path": None, "profile": f"unreadable: {error}", "launcher_choice": "none: no profile"}
+    profile, path = loaded.profile, loaded.path
     values = profile.to_dict() if path else "none: defaults"
     try:
-        choice = resolve(profile, LaunchRequest(target="script.py"), machine, environ).choice()
+        choice = decide(profile, LaunchOptions(), machine, environ).choice()
     except MpslaunchError as error:
         choice = f"refuses: {error}"
     return {"profile_path": str(path) if path else None, "profile": values, "launcher_choice": choice}
@@ -180,7 +181,7 @@ def as_markdown(facts: dict[str, Any]) -> str:
     profile = facts["profile"]
     if isinstance(profile, dict):
         lines.append(f"- Profile: {facts['profile_path']}")
-        lines += [f"    {line}" for line in profiles.to_yaml(profiles.Profile(**profile)).splitlines()[1:]]
+        lines += [f"    {line}" for line in profile_files.to_yaml(Profile(**profile)).splitlines()[1:]]
     else:
         lines.append(f"- Profile: {profile}")
     lines.append(f"- Launcher would choose: {facts['launcher_choice']}")

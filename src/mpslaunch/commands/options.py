@@ -1,19 +1,116 @@
-"""Command-line options shared by several commands, in one spelling policy.
+"""The command-line side of the option table (mpslaunch/options.py): argparse arguments built
+from it, and the --help layout every command shares.
 
-Options take Accelerate's spelling (--num_processes) and the dash form (--num-processes).
+Options take Accelerate's spelling (--num_processes) and, silently, the dash form
+(--num-processes); --help shows one spelling per option, its default, and a one-line usage.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+
+from mpslaunch.options import BY_NAME, LaunchRequest, Option, REQUEST_OPTIONS
+
+
+def spellings(name: str) -> list[str]:
+    """`name`, then its dash form when it has underscores (hidden from --help)."""
+    return [name] if "_" not in name else [name, name.replace("_", "-")]
+
 
 def add_option(container, name: str, **kwargs) -> None:
-    """Add `name` (a parser or an argument group), with its dash form when it has underscores."""
-    spellings = [name] if "_" not in name else [name, name.replace("_", "-")]
-    container.add_argument(*spellings, **kwargs)
+    """Add `name` (to a parser or an argument group), with its dash form when it has underscores."""
+    container.add_argument(*spellings(name), **kwargs)
 
 
-def add_profile_options(container, profile_help: str = "named profile from the config folder",
-                        file_help: str = "profile file to use") -> None:
-    """--profile NAME and --config_file PATH: which profile a command reads or writes."""
-    add_option(container, "--profile", metavar="NAME", help=profile_help)
-    add_option(container, "--config_file", metavar="PATH", help=file_help)
+def add_table_options(container, *names: str, groups: dict | None = None) -> None:
+    """Add the table's options `names` to `container`, or to groups[option.group] when given."""
+    for name in names:
+        option = BY_NAME[name]
+        target = groups.get(option.group, container) if groups else container
+        _add(target, option)
+
+
+def _add(container, option: Option) -> None:
+    names = [*([option.short] if option.short else []), *spellings(option.spelling)]
+    help_text = option.help + _default_text(option)
+    if option.kind is bool:
+        container.add_argument(*names, dest=option.name, action="store_const", const=option.const,
+                               default=option.request_default, help=help_text)
+        return
+    metavar = option.metavar or ("{" + ",".join(option.choices) + "}" if option.choices else None)
+    container.add_argument(*names, dest=option.name, type=_parser_of(option), metavar=metavar,
+                           default=option.request_default, help=help_text)
+
+
+def _default_text(option: Option) -> str:
+    if option.kind is bool:
+        return ""
+    shown = option.shown_default or (None if option.default is None else f"{option.default:g}"
+                                     if isinstance(option.default, float) else str(option.default))
+    return f" (default: {shown})" if shown else ""
+
+
+def _parser_of(option: Option):
+    """argparse's type= for the option: its own words for a word that is no number ("invalid
+    int value"), the table's words for a value the table refuses."""
+    def parse(text: str) -> object:
+        try:
+            return option.parse(text)
+        except ValueError as error:
+            if str(error).startswith(option.spelling):
+                raise argparse.ArgumentTypeError(str(error)) from None
+            raise
+
+    parse.__name__ = option.kind.__name__  # argparse names the type in some messages
+    return parse
+
+
+def request_from_args(args: argparse.Namespace, target: str, target_args=()) -> LaunchRequest:
+    """The request the parsed flags stand for."""
+    return LaunchRequest(target, tuple(target_args),
+                         **{option.name: getattr(args, option.name) for option in REQUEST_OPTIONS})
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help for people: one spelling per option (the dash form of an underscore option is
+    accepted but not shown), and a one-line usage: `PROG [options] POSITIONALS`."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None):
+        # argparse makes a formatter for every add_argument; its own width lookup imports shutil.
+        super().__init__(prog, indent_increment, max_help_position,
+                         width if width is not None else _terminal_columns() - 2)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        shown = [name for name in action.option_strings if not _hidden_alias(name, action)]
+        if not shown or action.nargs == 0:
+            return ", ".join(shown) or super()._format_action_invocation(action)
+        value = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return ", ".join(shown) + " " + value
+
+    def _format_usage(self, usage, actions, groups, prefix) -> str:
+        if usage is None:
+            positionals = [action for action in actions if not action.option_strings]
+            words = self._format_actions_usage(positionals, groups).strip()
+            usage = " ".join(["%(prog)s", *(["[options]"] if len(positionals) < len(actions) else []),
+                              *([words] if words else [])])
+        return super()._format_usage(usage, actions, groups, prefix)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size()'s columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def _hidden_alias(name: str, action: argparse.Action) -> bool:
+    """The dash spelling of an option whose underscore spelling is also there."""
+    return "-" in name[2:] and name.replace("-", "_").replace("__", "--", 1) in action.option_strings

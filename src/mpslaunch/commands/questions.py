@@ -14,12 +14,13 @@ from typing import Callable
 
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.machine import Machine, with_addresses
-from mpslaunch.plan import (LaunchRequest, choose_device, cuda_problem, main_address_problem,
-                           most_processes, mps_problem, precision_refusal, resolve)
-from mpslaunch.profile import PRECISIONS, RDZV_BACKENDS, Profile, check_profile, check_value
+from mpslaunch.plan import (choose_device, cuda_problem, decide, main_address_problem,
+                           most_processes, mps_problem, precision_refusal, processes_problem)
+from mpslaunch.options import PRECISIONS, RDZV_BACKENDS, LaunchOptions
+from mpslaunch.profile import Profile, check_profile, check_value
 from mpslaunch.run.torchrun.args import DEFAULT_PORT
 
-_PROBE = LaunchRequest(target="script.py")  # resolve() needs a target; the questions never run it
+_NO_FLAGS = LaunchOptions()  # the questions plan with the profile alone, as `launch` with no flags
 RDZV_LABELS = {
     "static": "static: each machine keeps the rank given above",
     "c10d": "c10d: torch gives each machine its rank as it joins",
@@ -53,7 +54,7 @@ def device_offer(machine: Machine) -> Offer:
 
 def device_in_use(device: str, machine: Machine) -> tuple[str, str]:
     """What `device` becomes on this machine ("auto" -> mps/cuda/cpu) and plan.py's reason."""
-    return choose_device(device, _PROBE, machine)
+    return choose_device(device, _NO_FLAGS, machine)
 
 
 def precision_offer(device: str, machine: Machine) -> Offer:
@@ -69,24 +70,17 @@ def precision_offer(device: str, machine: Machine) -> Offer:
 
 
 def process_counts(device: str, machine: Machine) -> tuple[int, ...]:
-    """Processes per machine that plan.resolve accepts here: 1 on mps, one per GPU on cuda,
-    up to plan.py's cap on cpu (`launch` warns above one per core, and so do the questions)."""
-    upper = max(most_processes(device, machine), 1)
-    return tuple(n for n in range(1, upper + 1) if _accepted(machine, device=device, num_processes=n))
+    """Processes per machine that plan.processes_problem accepts here: 1 on mps, one per GPU on
+    cuda, up to plan.py's cap on cpu (`launch` warns above one per core, and so do the questions)."""
+    upper = most_processes(device, machine)
+    return tuple(n for n in range(1, upper + 1)
+                 if processes_problem(Profile(num_processes=n), device, machine) is None)
 
 
 def several_machines_possible(device: str, machine: Machine) -> bool:
     # As machine 1: whether this machine may be machine 0 depends on the address, asked later.
-    return _accepted(machine, device=device, num_machines=2, machine_rank=1,
-                     main_process_ip="127.0.0.1")
-
-
-def _accepted(machine: Machine, **settings) -> bool:
-    try:
-        resolve(Profile(**settings), _PROBE, machine, {})
-    except MpslaunchError:
-        return False
-    return True
+    settings = Profile(num_processes=1, num_machines=2, machine_rank=1, main_process_ip="127.0.0.1")
+    return processes_problem(settings, device, machine) is None
 
 
 # ---------------------------------------------------------------- the questions
@@ -119,7 +113,7 @@ def ask_profile(machine: Machine, start: Profile | None = None,
             default = counts[-1] if used == "cuda" else 1
         profile = profile.replace(num_processes=ask.number(
             f"How many {what} processes on this machine?", default, counts[0], counts[-1]))
-        for warning in resolve(profile, _PROBE, machine, {}).warnings:
+        for warning in decide(profile, _NO_FLAGS, machine, {}).warnings:
             ask.note(warning)
     elif used == "mps":
         ask.note("one process: only one process can use a Mac's GPU (gloo and nccl cannot carry "
@@ -187,7 +181,7 @@ def _check_offered(profile: Profile, machine: Machine) -> None:
     problem = check_profile(profile)
     if problem:
         raise MpslaunchError(problem)
-    resolve(profile, _PROBE, machine, {})
+    decide(profile, _NO_FLAGS, machine, {})
 
 
 class _Asker:

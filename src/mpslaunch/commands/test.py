@@ -10,11 +10,11 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.commands.options import add_option, add_profile_options
+from mpslaunch.commands.options import add_option, add_table_options, request_from_args
 from mpslaunch.run.torchrun.outcome import EXIT_ABORT_ISSUE
 
 HELP = """\
@@ -36,33 +36,30 @@ DEFAULT_TIMEOUT = 300.0
 EXIT_FAILED = 1
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mpslaunch.profile import DEVICES, PRECISIONS
+GRACE_SECONDS = 5.0  # the check script stops at once
 
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                help="a process that takes longer fails its check (default: %(default)g)")
     parser.add_argument("--json", action="store_true",
                         help="print the plan and the checks as JSON, for a bug report")
     which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
-    add_profile_options(which)
+    add_table_options(which, "profile", "config_file")
     plan = parser.add_argument_group("what to test, as for `mpslaunch launch` (default: the profile)")
-    # The same spellings as `mpslaunch launch`.
-    add_option(plan, "--cpu", action="store_true", help="test the cpu plan whatever the machine has")
-    add_option(plan, "--device", choices=DEVICES, help="auto, mps, cuda or cpu")
-    add_option(plan, "--mixed_precision", choices=PRECISIONS, help="no, fp16 or bf16")
-    add_option(plan, "--num_processes", type=int, metavar="N", help="processes on this machine")
+    add_table_options(plan, "cpu", "device", "mixed_precision", "num_processes")
 
 
 def main(args: argparse.Namespace) -> int:
-    from mpslaunch.commands import launch
+    from mpslaunch import launcher
 
     if not args.timeout > 0:
-        raise MpslaunchError("--timeout must be above 0 seconds")
+        raise MpslaunchError("--timeout must be a number of seconds above 0")
     with tempfile.TemporaryDirectory(prefix="mpslaunch-test-") as report_dir:
         plan = resolve_plan(args, report_dir)
-        launch.announce(plan, stream=sys.stderr if args.json else sys.stdout)
+        launcher.announce(plan, stream=sys.stderr if args.json else sys.stdout)
         # The child's code is not the verdict: the reports are (a crash leaves none).
-        child_code = launch.execute(plan, grace_seconds=5.0)
+        child_code = launcher.execute(plan)
         outcomes = collect(Path(report_dir), plan.num_processes, child_code)
     passed = bool(outcomes) and all(o.ok for o in outcomes)
     print(as_json(plan, outcomes, passed) if args.json else format_outcomes(outcomes))
@@ -71,24 +68,21 @@ def main(args: argparse.Namespace) -> int:
 
 def resolve_plan(args: argparse.Namespace, report_dir: str):
     """The plan `mpslaunch launch` would make for the check script, with what to expect."""
-    from mpslaunch import profile
-    from mpslaunch.commands.launch import probe_for
-    from mpslaunch.plan import LaunchRequest, resolve
+    from mpslaunch import launcher
 
-    settings, _ = profile.load_active(args.config_file, args.profile)
+    request = request_from_args(_with_launch_defaults(args), str(CHECK_SCRIPT),
+                                ("--report-dir", report_dir))
+    plan = launcher.prepare(request, args.profile, args.config_file)
+    return replace(plan, command=(*plan.command, *expectations(plan, args.timeout)))
 
-    def request(expectations: tuple[str, ...]) -> LaunchRequest:
-        return LaunchRequest(
-            target=str(CHECK_SCRIPT), target_args=("--report-dir", report_dir, *expectations),
-            cpu=args.cpu, device=args.device, mixed_precision=args.mixed_precision,
-            num_processes=args.num_processes,
-        )
 
-    # Resolve once to learn the plan, then again with the plan's expectations as the script's
-    # arguments; resolve is pure, so both give the same plan (the script's arguments aside).
-    probed = probe_for(settings, request(()))
-    draft = resolve(settings, request(()), probed, os.environ)
-    return resolve(settings, request(expectations(draft, args.timeout)), probed, os.environ)
+def _with_launch_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed flags, and launch's defaults for the options `test` does not take."""
+    from mpslaunch.options import REQUEST_OPTIONS
+
+    given = {"grace_period": GRACE_SECONDS, **vars(args)}
+    return argparse.Namespace(**{option.name: given.get(option.name, option.request_default)
+                                 for option in REQUEST_OPTIONS})
 
 
 def expectations(plan, timeout: float) -> tuple[str, ...]:

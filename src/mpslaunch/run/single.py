@@ -14,23 +14,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from mpslaunch import output
 from mpslaunch.errors import MpslaunchError
-from mpslaunch.run.processes import (FORWARDED_SIGNALS, RUN_MARKER, STOPPING_SIGNALS, exit_code,
-                                     kill_group, kill_marked, linux_prctl, new_run_id,
-                                     warm_process_table)
-from mpslaunch.run.tee import Tee
-
-DEFAULT_GRACE_SECONDS = 30.0
+from mpslaunch.options import DEFAULT_GRACE_SECONDS
+from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
+                                     STOPPING_SIGNALS, exit_code, kill_group, kill_marked,
+                                     linux_prctl, may_be_marked, new_run_id, warm_process_table)
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None) -> int:
-    tee = Tee(log_dir) if log_dir else None
+    tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     env = {**os.environ, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
     supervisor = _Supervisor(grace_seconds)
@@ -45,17 +43,19 @@ def run_child(command: Sequence[str], env_additions: Mapping[str, str],
         supervisor.attach(child)
         if tee:
             tee.start(child)
-        warm_process_table()
+        if not MARKS_SEEN_WITHOUT_PSUTIL:
+            warm_process_table()
         returncode = child.wait()
     supervisor.clean_up()
-    kill_marked(run_id, started)  # helpers that left the child's session
+    if may_be_marked(run_id):
+        kill_marked(run_id, started)  # helpers that left the child's session
     if tee:
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
     if supervisor.killed_after_grace and returncode == -signal.SIGKILL:
         code = 128 + supervisor.stopping_signal
-        print(f"mpslaunch: the script was still running {grace_seconds:g} s after "
-              f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
-              f"killed; exit code {code}", file=sys.stderr, flush=True)
+        output.say(f"the script was still running {grace_seconds:g} s after "
+                   f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
+                   f"killed; exit code {code}")
         return code
     return exit_code(returncode)
 
@@ -124,6 +124,12 @@ class _SignalHandlers:
     def __exit__(self, *_exc):
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def _tee(log_dir: str):
+    from mpslaunch.run.tee import Tee  # only with --log_dir
+
+    return Tee(log_dir)
 
 
 def _parent_death_signal():

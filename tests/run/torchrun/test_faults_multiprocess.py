@@ -27,7 +27,8 @@ import psutil
 import pytest
 
 from conftest import write_script
-from test_faults import MARKER, in_process, run_env, survivors, wait_for
+from conftest import file_line
+from test_faults import MARKER, in_process, run_env, survivors
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
 
@@ -75,11 +76,11 @@ def test_signal_to_the_launcher_reaches_both_ranks_and_nothing_survives(tmp_path
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=run_env(marker))
     for path in ready_files(tmp_path):
-        wait_for(path, timeout=60)
+        file_line(path, seconds=60)
     launcher.send_signal(signum)
     _, stderr = launcher.communicate(timeout=60)
     name = signal.Signals(signum).name
-    assert [wait_for(tmp_path / f"got.{rank}").strip() for rank in (0, 1)] == [name, name]
+    assert [file_line(tmp_path / f"got.{rank}").strip() for rank in (0, 1)] == [name, name]
     if signum in STOPPING:
         assert launcher.returncode == 128 + signum, stderr
         assert f"stopped by {name}" in stderr
@@ -146,7 +147,7 @@ def run_and_list_listeners(tmp_path: Path, marker: str, launches: list[list[str]
                                   env=run_env(marker)) for args in launches]
     try:
         for path in ready_files(tmp_path):
-            wait_for(path, timeout=90)
+            file_line(path, seconds=90)
         found = listeners(marker)
     finally:
         (tmp_path / "done").write_text("")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, write_script
+from conftest import run_cli, wait_for, write_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and /proc")
 
@@ -41,15 +41,6 @@ def ready():
 def gone(pid: int) -> bool:
     """Neither running nor a zombie: /proc has no entry for it."""
     return not Path(f"/proc/{pid}").exists()
-
-
-def wait_for(predicate, seconds: float = 60.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def processes_with(marker: str) -> list[int]:
@@ -74,7 +65,7 @@ def start_launcher(folder: Path, script: Path, *extra: str, marker: str):
     env = {**os.environ, "MPSLAUNCH_TEST_MARKER": marker}
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env)
-    if not wait_for(lambda: all((folder / f"pid.{rank}").exists() for rank in (0, 1))):
+    if not wait_for(lambda: all((folder / f"pid.{rank}").exists() for rank in (0, 1)), 60):
         launcher.kill()
         raise AssertionError(f"the ranks never started: {launcher.communicate()}")
     return launcher

@@ -22,20 +22,18 @@ def option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
+def assert_options(args: list[str], expected: dict[str, str]) -> None:
+    assert {name: option(args, name) for name in expected} == expected
+
+
 def test_one_machine_is_a_static_rendezvous_on_the_loopback():
     plan = plan_for(num_processes=4, rdzv_backend="c10d")  # c10d means nothing on one machine
     rendezvous = rendezvous_for(plan, "run-1")
     assert (rendezvous.backend, rendezvous.address, rendezvous.local) == ("static", "127.0.0.1", True)
     args = arguments(plan, rendezvous, "41234", "/logs")
-    assert option(args, "--nnodes") == "1"
-    assert option(args, "--nproc-per-node") == "4"
-    assert option(args, "--rdzv-backend") == "static"
-    assert option(args, "--master-addr") == "127.0.0.1"
-    assert option(args, "--master-port") == "41234"
-    assert option(args, "--node-rank") == "0"
-    assert option(args, "--rdzv-id") == "run-1"
-    assert option(args, "--log-dir") == "/logs"
-    assert option(args, "--tee") == "3"
+    assert_options(args, {"--nnodes": "1", "--nproc-per-node": "4", "--rdzv-backend": "static",
+                          "--master-addr": "127.0.0.1", "--master-port": "41234", "--node-rank": "0",
+                          "--rdzv-id": "run-1", "--log-dir": "/logs", "--tee": "3"})
     assert "--rdzv-endpoint" not in args
 
 
@@ -56,13 +54,9 @@ def test_several_machines_static():
     rendezvous = rendezvous_for(plan, "ignored-for-several-machines")
     args = arguments(plan, rendezvous)
     assert not rendezvous.local
-    assert option(args, "--nnodes") == "3"
-    assert option(args, "--nproc-per-node") == "8"
-    assert option(args, "--rdzv-backend") == "static"
-    assert option(args, "--node-rank") == "2"
-    assert option(args, "--master-addr") == "10.1.2.3"
-    assert option(args, "--master-port") == "29600"
-    assert option(args, "--max-restarts") == "2"
+    assert_options(args, {"--nnodes": "3", "--nproc-per-node": "8", "--rdzv-backend": "static",
+                          "--node-rank": "2", "--master-addr": "10.1.2.3", "--master-port": "29600",
+                          "--max-restarts": "2"})
     # Every machine computes the same id, or their agents would not see each other in the store.
     assert option(args, "--rdzv-id") == SHARED_RUN_ID
 

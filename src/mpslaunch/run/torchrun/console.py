@@ -14,7 +14,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, TextIO
 
-RANK_PREFIX = re.compile(r"\[rank\d+\] ")  # torchrun_args.LINE_PREFIX, rendered
+RANK_PREFIX = re.compile(r"\[rank\d+\] ")  # args.LINE_PREFIX, rendered
 _PIECES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)")
 
 

@@ -215,7 +215,7 @@ def _check_torch_distributed() -> None:
 
 
 def _store(plan: LaunchPlan, rendezvous: Rendezvous):
-    """The rendezvous store this machine serves (torchrun_store): (port, store), or the port and
+    """The rendezvous store this machine serves (store.py): (port, store), or the port and
     None on machines other than machine 0, which connect to machine 0's."""
     from mpslaunch.run.torchrun.store import EVERY_INTERFACE, store_on
 
