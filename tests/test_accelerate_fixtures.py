@@ -346,3 +346,19 @@ def test_multi_cpu_runs_one_process_under_accelerate_launch(tmp_path):
                           env={**os.environ, "HF_HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines().count("WORLD_SIZE None") == 1, done.stdout
+
+
+def _processes_planned():
+    import os
+
+    return os.environ["MPSLAUNCH_NUM_PROCESSES"]
+
+
+def test_warnings_reach_the_python_api(capsys):
+    import mpslaunch
+
+    result = mpslaunch.launch(_processes_planned, config_file=str(fixture("hand_no_with_2_processes")),
+                              cpu=True, mixed_precision="bf16", quiet=True)
+    assert result == "1"  # one process: the function ran here
+    assert (f"mpslaunch: warning: {fixture('hand_no_with_2_processes')}: distributed_type NO is one "
+            "process") in capsys.readouterr().err
