@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import MACHINES
 from mpslaunch import accelerate_config, profile_files
@@ -102,11 +103,12 @@ def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
 
 @pytest.mark.parametrize("fields, words", [
     ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}}, "distributed_type DEEPSPEED"),
-    ({"distributed_type": "MULTI_GPU", "fsdp_config": {"fsdp_version": 2}}, "fsdp_config cannot be translated"),
+    ({"distributed_type": "MULTI_GPU", "parallelism_config": {"parallelism_config_tp_size": 2}},
+     "parallelism_config cannot be translated"),
     ({"distributed_type": "XLA"}, "use `accelerate launch` on a TPU machine"),
     ({"distributed_type": "MULTI_XPU"}, "distributed_type MULTI_XPU"),
     ({"distributed_type": "NO", "mixed_precision": "fp8"}, "mixed_precision fp8"),
-    ({"distributed_type": "NO", "enable_cpu_affinity": True}, "enable_cpu_affinity cannot be translated"),
+    ({"distributed_type": "NO", "tpu_use_cluster": True}, "tpu_use_cluster cannot be translated"),
     ({"distributed_type": "MULTI_GPU", "num_processes": 3, "num_machines": 2, "main_process_ip": "h"},
      "cannot share it evenly"),
     ({"distributed_type": "MULTI_GPU", "rdzv_backend": "etcd"}, "rdzv_backend must be one of static, c10d"),
@@ -114,6 +116,21 @@ def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
 def test_what_cannot_map_is_refused_naming_the_key(tmp_path, fields, words):
     path = cluster_config(tmp_path / "acc.yaml", **fields)
     assert words in refusal(path)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"fsdp_config": {"fsdp_version": 2}}, "fsdp_config is left out: distributed_type is MULTI_GPU, not FSDP"),
+    ({"deepspeed_config": {"zero_stage": 2}}, "deepspeed_config is left out: distributed_type is MULTI_GPU"),
+    ({"fp8_config": {"backend": "AO"}, "mixed_precision": "bf16"},
+     "fp8_config is left out: mixed_precision is 'bf16', not fp8"),
+])
+def test_a_plugin_section_beside_another_distributed_type_is_left_out_with_a_warning(tmp_path, fields, words):
+    """accelerate launch uses a plugin's section only with the plugin's distributed_type."""
+    path = cluster_config(tmp_path / "acc.yaml", "MULTI_GPU", num_processes=2, **fields)
+    translation = translated(path)
+    assert translation.profile.device == "cuda" and translation.profile.num_processes == 2
+    (warning,) = translation.warnings
+    assert words in warning and "`accelerate launch` does not use it either" in warning
 
 
 def test_sagemaker_and_unknown_keys_are_refused(tmp_path):
@@ -154,4 +171,38 @@ def test_older_and_hand_written_files(tmp_path):
     path = tmp_path / "acc.yaml"
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: NO\nfp16: true\n"
                     "main_process_port: null\ndynamo_backend: EAGER\nuse_cpu: false\n")
-    assert translated(path).profile == Profile(mixed_precision="fp16", dynamo_backend="eager")
+    # distributed_type NO is one process, as `accelerate launch` runs it
+    assert translated(path).profile == Profile(mixed_precision="fp16", dynamo_backend="eager",
+                                               num_processes=1)
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 20) | st.floats(allow_nan=True) | st.text(max_size=12)
+    | st.sampled_from(["NO", "no", "MULTI_GPU", "MULTI_CPU", "fp16", "INDUCTOR", "all", "main", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["dynamo_backend", "dynamo_mode", "ipex", "mpirun_hostfile", "a"]), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(accelerate_config.KNOWN), _values, max_size=8))
+def test_any_value_of_any_accelerate_key_is_translated_or_refused_in_one_line(config):
+    """Wrong kinds of value (distributed_type: [1], dynamo_config: inductor, ...) never raise
+    anything but mpslaunch's one-line error."""
+    try:
+        translation = accelerate_config.translate({"distributed_type": "NO", **config}, "acc.yaml")
+    except MpslaunchError as error:
+        assert "\n" not in str(error) and str(error).startswith("acc.yaml")
+    else:
+        assert all("\n" not in warning for warning in translation.warnings)
+
+
+@pytest.mark.parametrize("off", [None, False, "no", "NO", "false", "", {}, [], [""], {"ipex": False}])
+def test_off_values_are_idle_in_every_spelling(off):
+    base = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "num_processes": 2}
+    plain = accelerate_config.translate(base, "acc.yaml")
+    for key in ("downcast_bf16", "tpu_env", "tpu_vm", "tpu_name", "commands", "deepspeed_config",
+                "fsdp_config", "megatron_lm_config", "fp8_config", "parallelism_config", "mpirun_config",
+                "enable_cpu_affinity", "ipex_config", "use_mps_device", "dynamo_config", "dynamo_backend"):
+        assert accelerate_config.translate({**base, key: off}, "acc.yaml") == plain, key

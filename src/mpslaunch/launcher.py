@@ -48,6 +48,8 @@ def prepare(request: LaunchRequest, profile: str | None = None, config_file: str
         decision = decide(loaded.profile, request, machine, environ, source)
     if loaded.translation:
         output.note(accelerate_note(loaded, machine), quiet)
+        for warning in loaded.translation.warnings:
+            output.warning(warning)
     return for_target(decision, request, machine)
 
 

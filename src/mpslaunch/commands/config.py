@@ -136,6 +136,8 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
         raise MpslaunchError(f"{config_path} is an mpslaunch profile, not an Accelerate config; "
                              f"use it as it is with --config_file {config_path}")
     print(f"Read {config_path} as an Accelerate config file.")
+    for warning in translation.warnings:
+        output.warning(warning)
     profile = translation.profile
     if translation.basic_cpu and mps_problem(machine) is None and "device" not in choices:
         try:
@@ -191,6 +193,7 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine) ->
         head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
     elif loaded.translation:
         head = f"# {loaded.path}: an Accelerate config file, read as this profile"
+        head += "".join(f"\n# warning: {warning}" for warning in loaded.translation.warnings)
     else:
         head = f"# {loaded.path}"
     profile = loaded.profile
