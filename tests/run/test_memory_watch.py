@@ -76,7 +76,7 @@ def test_one_line_with_what_to_change_then_silence_for_a_few_minutes():
     lines = [(r.at, line) for r in readings if (line := judge.observe(r))]
     assert [at for at, _ in lines] == [5, 305]  # the first, then one per WARN_EVERY_SECONDS
     text = lines[0][1]
-    assert text == ("mpslaunch: warning: the machine is swapping hard (macOS reports critical "
+    assert text == ("the machine is swapping hard (macOS reports critical "
                     "memory pressure; 307 MB of 16.0 GB available), which slows training down "
                     "many times; use a smaller batch size, a lower mps_memory_cap in the profile "
                     "(torch then stops at the cap), or fewer DataLoader workers (num_workers)")

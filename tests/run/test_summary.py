@@ -47,11 +47,11 @@ def megabytes(text: str, label: str) -> int:
 
 
 def test_the_line_from_its_parts():
-    assert end_line(3.25, 0, 300 * MB, None, None) == "mpslaunch: ended after 3.2 s, exit code 0; peak memory 300 MB"
+    assert end_line(3.25, 0, 300 * MB, None, None) == "ended after 3.2 s, exit code 0; peak memory 300 MB"
     assert end_line(4000, 3, 3 * 2**30, 5 * 2**30, "/logs/x") == (
-        "mpslaunch: ended after 1 h 06 min, exit code 3; peak memory 3.00 GB in the largest rank, "
+        "ended after 1 h 06 min, exit code 3; peak memory 3.00 GB in the largest rank, "
         "5.00 GB all ranks together; output in /logs/x")
-    assert end_line(75, 0, None, None, None) == "mpslaunch: ended after 1 min 15 s, exit code 0"
+    assert end_line(75, 0, None, None, None) == "ended after 1 min 15 s, exit code 0"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT])

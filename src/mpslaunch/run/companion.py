@@ -5,11 +5,11 @@ awake (awake.py), watches memory pressure (memory_watch.py), and ends with one s
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from mpslaunch import output
 from mpslaunch.run import summary
 from mpslaunch.run.awake import kept_awake
 
@@ -50,7 +50,7 @@ class Run:
         crash = (summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)
                  if returncode is not None else None)
         largest, total = self.peaks.result()
-        _say(summary.end_line(self.clock.elapsed(), code, largest, total, log_folder, crash))
+        output.say(summary.end_line(self.clock.elapsed(), code, largest, total, log_folder, crash))
 
 
 @contextmanager
@@ -58,19 +58,16 @@ def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple
     """Around a run: caffeinate on a Mac, and (unless quiet) the memory watch. None: nothing."""
     run = Run(watch or NOTHING, processes)
     watch = run.watch
-    with kept_awake(watch.keep_awake, lambda text: _say(f"mpslaunch: warning: {text}")):
+    with kept_awake(watch.keep_awake, output.warning):
         if not watch.report:
             yield run
             return
         from mpslaunch.run.memory_watch import MemoryWatch
 
-        watcher = MemoryWatch(watch.device, _say, followers=[run.peaks])
+        watcher = MemoryWatch(watch.device, output.warning, followers=[run.peaks])
         watcher.start()
         try:
             yield run
         finally:
             watcher.stop()
 
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

@@ -68,7 +68,7 @@ def hard_swapping(before: Reading, now: Reading) -> str | None:
 
 def warning_line(why: str, now: Reading, device: str) -> str:
     cap = ", a lower mps_memory_cap in the profile (torch then stops at the cap)" if device == "mps" else ""
-    return (f"mpslaunch: warning: the machine is swapping hard ({why}; {_size(now.available)} of "
+    return (f"the machine is swapping hard ({why}; {_size(now.available)} of "
             f"{_size(now.total)} available), which slows training down many times; use a "
             f"smaller batch size{cap}, or fewer DataLoader workers (num_workers)")
 

@@ -106,7 +106,7 @@ def crash_meaning(returncode: int, fault_handler: bool) -> str | None:
 
 def end_line(elapsed: float, code: int, largest: int | None, total: int | None,
              log_folder: str | None, crash: str | None = None) -> str:
-    parts = [f"mpslaunch: ended after {_duration(elapsed)}, exit code {code}"]
+    parts = [f"ended after {_duration(elapsed)}, exit code {code}"]
     if largest:
         memory = f"peak memory {_size(largest)}"
         if total:
