@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mpslaunch import output
 from mpslaunch.check import cache, check_script
@@ -15,6 +14,7 @@ from mpslaunch.check.target import Target
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.torch_check import cache_dir
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
     from mpslaunch.options import LaunchRequest
     from mpslaunch.plan import LaunchPlan

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 
 from mpslaunch import launcher
-from mpslaunch.check import before_launch
 from mpslaunch.commands.accelerate_options import add_refused
 from mpslaunch.commands.options import add_table_options, request_from_args
 from mpslaunch.errors import MpslaunchError
@@ -44,6 +43,8 @@ def main(args: argparse.Namespace) -> int:
     request = request_from_args(args, args.script, args.script_args)
     plan = launcher.prepare(request, args.profile, args.config_file, args.quiet)
     if plan.settings.check and not args.quiet:
+        from mpslaunch.check import before_launch  # only when the check runs
+
         before_launch.warn(request, plan)
     if args.dry_run:
         print(launcher.describe(plan))

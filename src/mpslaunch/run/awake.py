@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 CAFFEINATE = "caffeinate"
 _STOP_SECONDS = 2.0
