@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,20 @@ def write_script(folder: Path, name: str, body: str) -> Path:
     path = folder / name
     path.write_text(body)
     return path
+
+
+@contextmanager
+def small_disk(folder: Path, size: str):
+    """A tmpfs of `size` (such as "1m") mounted on the new `folder`, unmounted at the end: a disk
+    that really fills up. It needs root; elsewhere the test skips with the reason."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)

@@ -34,6 +34,8 @@ from PIL import Image
 from safetensors.torch import load_file
 from torchvision.io import encode_png
 
+from conftest import small_disk as mounted_small_disk
+
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work.
 pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")]
 
@@ -302,17 +304,9 @@ def test_resume_after_ctrl_c_ends_exactly_like_the_uninterrupted_run(pets, unint
 
 @pytest.fixture
 def small_disk(tmp_path) -> Path:
-    """A tmpfs of its own (it needs root), unmounted at the end."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)],
-                           capture_output=True, text=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
+    """A 64 MiB tmpfs of its own (it needs root), unmounted at the end."""
+    with mounted_small_disk(tmp_path / "disk", "64m") as folder:
+        yield folder
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_one(small_disk,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import file_line, write_script
+from conftest import file_line, small_disk as mounted_small_disk, write_script
 from mpslaunch.run.torchrun.console import MAX_HELD
 from test_faults import marker, one_line_error, run_env  # noqa: F401 (fixture)
 
@@ -119,14 +119,8 @@ def test_a_long_line_without_a_newline_reaches_the_console_as_it_comes(tmp_path,
 @pytest.fixture
 def full_disk(tmp_path):
     """A 1 MiB tmpfs: a script's 2.4 MB of output fills it for real."""
-    folder = tmp_path / "small-disk"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
+    with mounted_small_disk(tmp_path / "small-disk", "1m") as folder:
+        yield folder
 
 
 # Prints 2.4 MB, says it is ready, then waits (the given seconds) to be stopped.
