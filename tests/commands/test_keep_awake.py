@@ -119,34 +119,30 @@ def test_held_while_the_script_runs_and_released_when_it_ends(tmp_path, caffeina
     assert_held_then_released(log, launcher, wait_for(tmp_path / "report"), "SIGTERM")
 
 
-def test_released_when_the_launcher_is_stopped_with_sigterm(tmp_path, caffeinate):
-    env, log = caffeinate
+def start_a_waiting_script(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, dict]:
+    """The launcher on a described Mac, and the report of its script, which waits to be stopped."""
     script = write_script(tmp_path, "train.py", SCRIPT)
     launcher = launch_on_a_mac(env, "--cpu", str(script), str(tmp_path / "report"), "wait", "--expect-held")
-    report = wait_for(tmp_path / "report")
-    launcher.send_signal(signal.SIGTERM)
-    launcher.communicate(timeout=120)
-    assert launcher.returncode == 128 + signal.SIGTERM
-    assert_held_then_released(log, launcher, report, "SIGTERM")
+    return launcher, wait_for(tmp_path / "report")
 
 
-def test_released_when_the_script_is_killed_with_sigkill(tmp_path, caffeinate):
+@pytest.mark.parametrize("stop, code", [
+    (lambda launcher, report: launcher.send_signal(signal.SIGTERM), 128 + signal.SIGTERM),
+    (lambda launcher, report: os.kill(report["pid"], signal.SIGKILL), 128 + signal.SIGKILL),
+], ids=["the launcher stopped with SIGTERM", "the script killed with SIGKILL"])
+def test_released_when_the_run_is_stopped(tmp_path, caffeinate, stop, code):
     env, log = caffeinate
-    script = write_script(tmp_path, "train.py", SCRIPT)
-    launcher = launch_on_a_mac(env, "--cpu", str(script), str(tmp_path / "report"), "wait", "--expect-held")
-    report = wait_for(tmp_path / "report")
-    os.kill(report["pid"], signal.SIGKILL)
+    launcher, report = start_a_waiting_script(tmp_path, env)
+    stop(launcher, report)
     launcher.communicate(timeout=120)
-    assert launcher.returncode == 128 + signal.SIGKILL
+    assert launcher.returncode == code
     assert_held_then_released(log, launcher, report, "SIGTERM")
 
 
 def test_a_launcher_killed_with_sigkill_leaves_no_caffeinate(tmp_path, caffeinate):
     """Nothing of the launcher's runs after a SIGKILL: -w <launcher pid> ends caffeinate."""
     env, log = caffeinate
-    script = write_script(tmp_path, "train.py", SCRIPT)
-    launcher = launch_on_a_mac(env, "--cpu", str(script), str(tmp_path / "report"), "wait", "--expect-held")
-    report = wait_for(tmp_path / "report")
+    launcher, report = start_a_waiting_script(tmp_path, env)
     launcher.kill()
     launcher.communicate(timeout=60)
     pid = entries(log)[0]["pid"]
