@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.torch_check import MpsAnswer
+from mpslaunch.machine import MpsAnswer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,11 +13,11 @@ import codecs
 import pytest
 
 from conftest import MACHINES, run_cli, write_script
-from mpslaunch import profile_files
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import RDZV_TIMEOUT_MAX, LaunchRequest
+from mpslaunch.settings import profile_files
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import RDZV_TIMEOUT_MAX, LaunchRequest
 from mpslaunch.plan import resolve
-from mpslaunch.profile import Profile
+from mpslaunch.settings import Profile
 from test_cli import one_line_error
 
 
