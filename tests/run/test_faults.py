@@ -1,7 +1,7 @@
 """Faults and bad input, single process: what the launcher promises still holds when things break.
 
 Complements tests/commands/test_launch.py (signals recorded by the child, exit codes, grace-period
-kill, one-line CLI errors) and tests/test_profile.py (malformed profiles, atomic writes,
+kill, one-line CLI errors) and tests/settings/test_profile.py (malformed profiles, atomic writes,
 hypothesis). Here: every process of a run is found by a marker in its environment (so a helper
 the script started cannot hide), the launcher is also driven in-process (so its own leaks —
 file descriptors, temp files, zombies, signal handlers — are visible), profile writers are
@@ -526,7 +526,7 @@ def test_huge_values_are_not_quoted_whole(tmp_path, text):
     "!!python/object/new:os.system ['touch {marker}']",
     "!!python/name:os.system",
     "!!python/module:os",
-    "!!python/object:mpslaunch.profile.Profile {{device: cpu}}",
+    "!!python/object:mpslaunch.settings.profile.Profile {{device: cpu}}",
     "!!python/tuple [a, b]",
     "!!binary aGVsbG8=",
     "!!set {{cpu: null}}",

@@ -1,4 +1,4 @@
-"""Accelerate's own config files (tests/accelerate_configs/), checked against Accelerate itself.
+"""Accelerate's own config files (tests/settings/accelerate_configs/), checked against Accelerate itself.
 
 Each fixture is loaded by Accelerate's loader and launch-argument validation on a described
 machine (torch told its CUDA GPU count), and the device, mixed precision and processes per

@@ -1,6 +1,6 @@
 """Write the Accelerate config fixtures again with the installed Accelerate (run by hand, not in CI).
 
-    python tests/accelerate_configs/regenerate.py [NAME ...]
+    python tests/settings/accelerate_configs/regenerate.py [NAME ...]
 
 Most files come from the real `accelerate config` questionnaire, answered in a private tmux
 server as a user types (menus: number keys or arrows, then Enter; questions: text, then Enter)
