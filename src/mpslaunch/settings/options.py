@@ -2,7 +2,7 @@
 
 Each `Option` names its type, its choices or check, its default, its help, whether it is a
 profile key and how the command line spells it. From this table come the launch parser
-(commands/options.py), `LaunchOptions` and `LaunchRequest` (what `launch`, `test` and
+(flags.py), `LaunchOptions` and `LaunchRequest` (what `launch`, `test` and
 `mpslaunch.launch()` ask for), the profile's fields and their checks (profile.py). A new
 launch option is one entry here.
 """

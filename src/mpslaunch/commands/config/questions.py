@@ -1,7 +1,7 @@
 """The questions `mpslaunch config` asks: (Machine, the user's answers) -> Profile. Nothing else.
 
-Every offer comes from plan.py's own rules (never a copy), so nothing `launch` would refuse here
-is offered, and what is left out is named with plan.py's reason. questionary is imported only
+Every offer comes from the plan's own rules (never a copy), so nothing `launch` would refuse here
+is offered, and what is left out is named with the plan's reason. questionary is imported only
 when asking; tests drive it through prompt_toolkit's pipe input. Writes nothing.
 """
 
@@ -31,7 +31,7 @@ KEPT = ("gpu_ids", "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dyn
 
 @dataclass(frozen=True)
 class Offer:
-    """The answers a question offers, and the answers left out with plan.py's reason for each."""
+    """The answers a question offers, and the answers left out with the plan's reason for each."""
 
     choices: tuple[str, ...]
     hidden: tuple[tuple[str, str], ...] = ()
@@ -52,7 +52,7 @@ def device_offer(machine: Machine) -> Offer:
 
 
 def device_in_use(device: str, machine: Machine) -> tuple[str, str]:
-    """What `device` becomes on this machine ("auto" -> mps/cuda/cpu) and plan.py's reason."""
+    """What `device` becomes on this machine ("auto" -> mps/cuda/cpu) and the plan's reason."""
     return choose_device(device, _NO_FLAGS, machine)
 
 
@@ -70,7 +70,7 @@ def precision_offer(device: str, machine: Machine) -> Offer:
 
 def process_counts(device: str, machine: Machine) -> tuple[int, ...]:
     """Processes per machine that plan.processes_problem accepts here: 1 on mps, one per GPU on
-    cuda, up to plan.py's cap on cpu (`launch` warns above one per core, and so do the questions)."""
+    cuda, up to the plan's cap on cpu (`launch` warns above one per core, and so do the questions)."""
     upper = most_processes(device, machine)
     return tuple(n for n in range(1, upper + 1)
                  if processes_problem(Profile(num_processes=n), device, machine) is None)
@@ -176,7 +176,7 @@ def _main_address(ask: "_Asker", machine: Machine, count: int, rank: int,
 
 
 def _check_offered(profile: Profile, machine: Machine) -> None:
-    """The answers came from plan.py's own offers, so resolve must accept them; say so if not."""
+    """The answers came from the plan's own offers, so resolve must accept them; say so if not."""
     problem = check_profile(profile)
     if problem:
         raise MpslaunchError(problem)

@@ -2,7 +2,7 @@
 
 torch's TCPStore listens on every interface whatever host it is given, so we bind the socket
 ourselves and hand it to the store (torch_internals.serve_store): 127.0.0.1 for one machine; machine 0's
---main_process_ip (checked in plan.py to be one of its addresses), or every interface with
+--main_process_ip (checked by the plan to be one of its addresses), or every interface with
 --main_process_ip_via_nat. The other machines' launchers wait on this store (gate.py).
 """
 
