@@ -147,7 +147,8 @@ def test_launch_leaves_a_broken_script_and_modules_to_python(tmp_path):
 # tests/commands/test_described_mac.py does; everything else is real.
 ON_A_MAC = """
 import os, sys
-from mpslaunch import cli, machine
+from mpslaunch import commands as cli
+from mpslaunch.machine import facts as machine
 os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
 machine._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "24F74",
                                 "machdep.cpu.brand_string": "Apple M4 Max", "kern.hv_vmm_present": "0"}

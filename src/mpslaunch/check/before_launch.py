@@ -11,12 +11,12 @@ from mpslaunch import output
 from mpslaunch.check import cache, check_script
 from mpslaunch.check.report import launch_warnings
 from mpslaunch.check.target import Target
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.torch_check import cache_dir
+from mpslaunch.output import MpslaunchError
+from mpslaunch.machine import cache_dir
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
-    from mpslaunch.options import LaunchRequest
+    from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import LaunchPlan
 
 

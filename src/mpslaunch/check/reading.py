@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mpslaunch.check.selection import (has_main_guard_text, import_lines, selected_source,
                                       wanted_lines)
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 
 # A training script is a few thousand lines; past this, parsing alone would cost seconds.
 MAX_FILE_BYTES = 2_000_000

@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpslaunch.commands.options import add_option, add_table_options
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import DEVICES
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import DEVICES, add_option, add_table_options
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
     from mpslaunch.check.target import Target
@@ -64,7 +63,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
                                  "backends take no mps tensors); check --device cpu for several")
         return described_target(args.device, args.num_processes or 1, os.uname().sysname)
     from mpslaunch import launcher
-    from mpslaunch.options import LaunchRequest
+    from mpslaunch.settings import LaunchRequest
 
     request = LaunchRequest(args.script, num_processes=args.num_processes)
     plan = launcher.prepare(request, args.profile, args.config_file, target_is_file=False)

@@ -1,0 +1,75 @@
+"""The target must exist before anything starts: a script, a module (-m), or an executable
+(--no_python), each refused in one line that says what to check."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import LaunchRequest
+
+
+def check_target(request: LaunchRequest) -> None:
+    if request.module:
+        _check_module(request.target)
+    elif request.no_python:
+        _check_executable(request.target)
+    else:
+        _check_script(request.target)
+
+
+def _check_executable(name: str) -> None:
+    import shutil  # only with --no_python
+
+    if shutil.which(name) is None:
+        raise MpslaunchError(f"{name} is not an executable file (--no_python runs it directly, "
+                             "looking on PATH when the name has no '/'); check the path and its "
+                             "permissions, or drop --no_python")
+
+
+def _check_script(target: str) -> None:
+    # os.path for the checks (the launch path does not need pathlib); the messages show the
+    # path as pathlib writes it.
+    if os.path.isdir(target):
+        raise MpslaunchError(f"{_shown(target)} is a folder; give the script to run (a .py file), "
+                             "or -m and a module name")
+    if not os.path.exists(target):
+        raise MpslaunchError(f"no script at {_shown(target)} (looked in {os.getcwd()}); check the "
+                             "path, or use -m to run a module")
+    if not os.access(target, os.R_OK):
+        raise MpslaunchError(f"cannot read {_shown(target)}; check its permissions")
+
+
+def _shown(target: str) -> str:
+    from pathlib import Path  # only on a refusal
+
+    return str(Path(target))
+
+
+def _check_module(name: str) -> None:
+    """Like `python -m`, look in the current folder first; never import the module's package."""
+    if not _module_exists(name, [os.getcwd(), *sys.path[1:]]):
+        raise MpslaunchError(f"no module named {name!r} can be found from {os.getcwd()}; check "
+                             "the name, or install the package that provides it")
+
+
+def _module_exists(name: str, search_path: list[str]) -> bool:
+    import importlib.machinery  # only with -m
+    import importlib.util
+
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return False
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], search_path)
+    if spec is None:
+        return importlib.util.find_spec(parts[0]) is not None  # built-in or frozen
+    locations = list(spec.submodule_search_locations or [])
+    for part in parts[1:]:
+        if not locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None:
+            return False
+        locations = list(spec.submodule_search_locations or [])
+    return True
