@@ -69,7 +69,7 @@ def test_kept_findings_follow_the_content_and_a_module_added_later(tmp_path):
     assert launch() == ["helpers.py:3"]
 
 
-def test_a_damaged_entry_is_checked_again_and_rewritten(tmp_path, isolated_cache_dir):
+def test_a_damaged_entry_is_checked_again_and_rewritten(tmp_path, isolated_cache_dir, monkeypatch):
     write_script(tmp_path, "train.py", CUDA_LINE)
     first = warnings_of(run_cli("launch", "--dry-run", "--cpu", "train.py", cwd=tmp_path))
     assert first[0].startswith("train.py:3: .cuda()")
@@ -87,8 +87,8 @@ def test_a_damaged_entry_is_checked_again_and_rewritten(tmp_path, isolated_cache
             else:
                 path.write_text(json.dumps(damage(json.loads(path.read_text()))))
         assert warnings_of(run_cli("launch", "--dry-run", "--cpu", "train.py", cwd=tmp_path)) == first
-    target = Target("cpu", 1, "Linux")
-    assert cache.read(tmp_path / "train.py", target, isolated_cache_dir) is not None  # rewritten
+    monkeypatch.chdir(tmp_path)  # where the launches ran
+    assert cache.read(Path("train.py"), Target("cpu", 1, "Linux"), isolated_cache_dir) is not None  # rewritten
 
 
 def test_each_script_keeps_its_own_small_entry(tmp_path, isolated_cache_dir):
