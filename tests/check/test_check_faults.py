@@ -211,6 +211,7 @@ def test_a_notebook_s_code_cells_are_read_and_named(tmp_path):
         ("code", "!pip list\nmodel = torch.nn.Linear(2, 2)\nmodel.cuda()\n"),
         ("code", "%%bash\nnvidia-smi\n"),
         ("code", "x = (\n"),
+        ("code", "loader = torch.utils.data.DataLoader(range(8), num_workers=2)\n"),
     ]))
     result = run_cli("check", "--device", "mps", "train.ipynb", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
@@ -218,6 +219,8 @@ def test_a_notebook_s_code_cells_are_read_and_named(tmp_path):
     assert lines[0].startswith("train.ipynb:cell_3:3: .cuda() fails on a Mac"), lines
     assert "not checked: train.ipynb:cell_4: a %%bash cell" in result.stdout
     assert "not checked: train.ipynb:cell_5:1: syntax error" in result.stdout
+    # a kernel's spawned workers do not run the notebook again, as they run a script
+    assert "main guard" not in result.stdout and lines[-1].startswith("1 finding for mps")
     report = json.loads(run_cli("check", "--device", "mps", "--json", "train.ipynb", cwd=tmp_path).stdout)
     assert (report["findings"][0]["file"], report["findings"][0]["line"]) == ("train.ipynb:cell_3", 3)
 
@@ -287,6 +290,11 @@ def test_ctrl_c_during_the_check_before_a_launch(tmp_path, isolated_cache_dir, m
     assert ran.returncode == 130 and ran.stdout == "", ran.stderr[-2000:]
     assert ran.stderr.splitlines() == ["mpslaunch: error: interrupted while checking train.py; nothing ran"]
     assert [path for path in cache_files(isolated_cache_dir) if path.name.endswith(".tmp")] == []
+    checked = subprocess.run([sys.executable, "-c", INTERRUPTED.format(module=module, function=function),
+                              "check", "train.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    if module != "os":  # check keeps nothing
+        assert checked.returncode == 130 and checked.stdout == "", checked.stderr[-2000:]
+        assert checked.stderr.splitlines() == ["mpslaunch: error: interrupted while checking train.py"]
 
 
 # ---------------------------------------------------------------- unit level

@@ -17,7 +17,7 @@ from mpslaunch.check.target import Target, described_target
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
-    from mpslaunch.check.reading import Sources
+    from mpslaunch.check.reading import SourceFile, Sources
 
 __all__ = ["Finding", "Report", "Target", "check_script", "described_target"]
 
@@ -43,15 +43,23 @@ def check_sources(sources: Sources, target: Target) -> Report:
         scan(project, rules)
     except (RecursionError, MemoryError):  # an expression nested thousands deep (generated code)
         raise Unchecked(sources.files[0].shown, TOO_DEEP) from None
-    findings = [_in_its_cell(finding, sources) for finding in rules.findings]
+    script = sources.files[0]
+    if script.cells is not None:
+        findings = [_in_its_cell(finding, script) for finding in rules.findings
+                    if not (finding.file == script.shown and finding.rule in NOT_IN_A_NOTEBOOK)]
+    else:
+        findings = rules.findings
     return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
                   ordered(findings))
 
 
-def _in_its_cell(finding: Finding, sources: Sources) -> Finding:
+# Workers that a kernel starts by spawn do not run the notebook again, as they run a script.
+NOT_IN_A_NOTEBOOK = ("workers-main-guard",)
+
+
+def _in_its_cell(finding: Finding, notebook: SourceFile) -> Finding:
     """A finding in a notebook names the cell and the line in it."""
-    script = sources.files[0]
-    if script.cells is None or finding.file != script.shown:
+    if finding.file != notebook.shown:
         return finding
-    number, line = script.cells.where(finding.line)
+    number, line = notebook.cells.where(finding.line)
     return replace(finding, file=f"{finding.file}:cell_{number}", line=line)

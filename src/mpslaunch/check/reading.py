@@ -26,6 +26,10 @@ from mpslaunch.check.selection import (has_main_guard_text, import_lines, select
 from mpslaunch.errors import MpslaunchError
 from mpslaunch.targets import current_folder, open_regular, unreadable
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from mpslaunch.check.notebook import NotebookCode
+
 # A training script is a few thousand lines; past this, parsing alone would cost seconds.
 MAX_FILE_BYTES = 2_000_000
 MAX_NOTEBOOK_BYTES = 50_000_000  # mostly the outputs (images) kept in it, which are not parsed
@@ -55,7 +59,7 @@ class SourceFile:
     wanted_lines: list[int]  # the lines a rule can be about (selection.py)
     left_out: tuple[str, ...] = ()  # names of the module-level definitions not parsed
     digest: str = ""  # of the bytes read
-    cells: object = None  # a notebook's NotebookCode: which cell each line of `text` is from
+    cells: NotebookCode | None = None  # a notebook's: which cell each line of `text` is from
 
     @cached_property
     def imports(self) -> tuple[ast.stmt, ...]:
@@ -131,7 +135,7 @@ def parse(path: Path, text: str) -> ast.Module:
         raise ScriptError(f"{_shown(path)}:{error.lineno or 1}: syntax error: {error.msg}; "
                           "fix it (python -m py_compile shows the same)") from None
     except (RecursionError, MemoryError):  # Python's parser gives up on such nesting too
-        raise Unchecked(_shown(path), f"it nests expressions too deeply for Python's parser; "
+        raise Unchecked(_shown(path), "it nests expressions too deeply for Python's parser; "
                         "split the expression") from None
     except ValueError as error:  # a null byte
         raise ScriptError(f"{_shown(path)} cannot be parsed as Python ({error}); "
