@@ -16,7 +16,7 @@ import pytest
 
 from conftest import one_line_error, run_cli, small_disk, write_script
 
-from mpslaunch.check import Target, cache
+from mpslaunch.check import Target, cache, check_sources
 from mpslaunch.check.reading import read_sources
 
 CUDA_LINE = "import torch\n\ntorch.ones(1).cuda()\n"
@@ -306,3 +306,24 @@ def test_reading_records_what_it_could_not_find(tmp_path):
     absent = {Path(path).name for path in sources.absent}
     assert {"helpers.py", "helpers", "data.py", "data"} <= absent
     assert len(sources.files[0].digest) == 32
+
+
+def test_kept_findings_round_trip_and_refuse_any_other_shape(tmp_path):
+    write_script(tmp_path, "helpers.py", "import torch\n\nnet = torch.nn.Linear(2, 2).cuda()\n")
+    script = write_script(tmp_path, "train.py", "import helpers\nimport torch\n" + "torch.ones(1).cuda()\n" * 8)
+    target, folder = Target("cpu", 1, "Linux"), tmp_path / "cache"
+    sources = read_sources(script, whole=False)
+    saved = cache.save(script, target, sources, check_sources(sources, target), folder)
+    assert (len(saved.findings), saved.count) == (5, 9)
+    assert cache.read(script, target, folder) == saved
+    assert cache.read(script, Target("mps", 1, "Darwin"), folder) is None  # another plan
+    [entry] = (folder / cache.ENTRIES).iterdir()
+    kept = json.loads(entry.read_text())
+    for damaged in ({**kept, "count": 2}, {**kept, "count": True}, {**kept, "read": [["x"]]},
+                    {**kept, "absent": [None]}, {**kept, "findings": [{**kept["findings"][0], "line": "3"}]},
+                    {**kept, "key": "another"}, [kept]):
+        entry.write_text(json.dumps(damaged))
+        assert cache.read(script, target, folder) is None, damaged
+    entry.write_text(json.dumps(kept))
+    (tmp_path / "helpers.py").write_text("import torch\n\nnet = torch.nn.Linear(2, 2).cpu()\n")
+    assert cache.read(script, target, folder) is None  # a module's content changed

@@ -9,7 +9,6 @@ runs: a launch that reads kept findings (cache.py) needs neither.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from mpslaunch.check.report import Finding, Report, ordered
@@ -17,7 +16,7 @@ from mpslaunch.check.target import Target, described_target
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
-    from mpslaunch.check.reading import SourceFile, Sources
+    from mpslaunch.check.reading import Sources
 
 __all__ = ["Finding", "Report", "Target", "check_script", "described_target"]
 
@@ -43,23 +42,11 @@ def check_sources(sources: Sources, target: Target) -> Report:
         scan(project, rules)
     except (RecursionError, MemoryError):  # an expression nested thousands deep (generated code)
         raise Unchecked(sources.files[0].shown, TOO_DEEP) from None
+    findings = rules.findings
     script = sources.files[0]
     if script.cells is not None:
-        findings = [_in_its_cell(finding, script) for finding in rules.findings
-                    if not (finding.file == script.shown and finding.rule in NOT_IN_A_NOTEBOOK)]
-    else:
-        findings = rules.findings
+        from mpslaunch.check.notebook import in_cells
+
+        findings = in_cells(findings, script.shown, script.cells)
     return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
                   ordered(findings))
-
-
-# Workers that a kernel starts by spawn do not run the notebook again, as they run a script.
-NOT_IN_A_NOTEBOOK = ("workers-main-guard",)
-
-
-def _in_its_cell(finding: Finding, notebook: SourceFile) -> Finding:
-    """A finding in a notebook names the cell and the line in it."""
-    if finding.file != notebook.shown:
-        return finding
-    number, line = notebook.cells.where(finding.line)
-    return replace(finding, file=f"{finding.file}:cell_{number}", line=line)

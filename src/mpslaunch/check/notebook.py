@@ -12,10 +12,13 @@ import ast
 import bisect
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from mpslaunch.check.report import Finding
 from mpslaunch.errors import MpslaunchError
 
+# Workers that a kernel starts by spawn do not run the notebook again, as they run a script.
+NOT_IN_A_NOTEBOOK = ("workers-main-guard",)
 # A line IPython rewrites before Python sees it.
 _IPYTHON_LINE = re.compile(r"^([ \t]*)(?:[%!]|[\w.]+[ \t]*=[ \t]*[%!])")
 
@@ -31,6 +34,18 @@ class NotebookCode:
         """The cell number and the line in that cell of a line of `text`."""
         index = max(bisect.bisect_right(self.starts, line) - 1, 0)
         return self.numbers[index], line - self.starts[index] + 1
+
+
+def in_cells(findings: list[Finding], shown: str, code: NotebookCode) -> list[Finding]:
+    """The findings, those in the notebook `shown` naming the cell and the line in it."""
+    named = []
+    for finding in findings:
+        if finding.file != shown:
+            named.append(finding)  # in a module the notebook imports
+        elif finding.rule not in NOT_IN_A_NOTEBOOK:
+            number, line = code.where(finding.line)
+            named.append(replace(finding, file=f"{shown}:cell_{number}", line=line))
+    return named
 
 
 def notebook_code(shown: str, data: bytes, error: type[MpslaunchError]) -> NotebookCode:
