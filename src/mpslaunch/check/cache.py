@@ -47,7 +47,8 @@ def read(script: Path, target: Target, folder: Path) -> Kept | None:
     """The kept findings, or None when there are none, a file read changed or the entry is damaged."""
     wanted = key(script, target)
     try:
-        entry = json.loads((folder / ENTRIES / _name(wanted)).read_bytes())
+        with open(open_regular(folder / ENTRIES / _name(wanted)), "rb") as file:
+            entry = json.loads(file.read())
         if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"]):
             return None
         findings = tuple(_finding(item) for item in entry["findings"])
@@ -77,9 +78,11 @@ def save(script: Path, target: Target, sources: Sources, report: Report, folder:
 
 
 def digest(data: bytes) -> str:
-    import hashlib  # only when a file is read or checked again
-
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    try:  # hashlib's own BLAKE2, without hashlib loading OpenSSL (milliseconds at every launch)
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    return blake2b(data, digest_size=16).hexdigest()
 
 
 def _name(wanted: str) -> str:
