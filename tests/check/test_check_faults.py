@@ -230,7 +230,7 @@ def test_a_notebook_that_cannot_be_read_and_launching_one_are_one_line(tmp_path)
     assert "not a Jupyter notebook" in one_line_error(run_cli("check", "broken.ipynb", cwd=tmp_path))
     write_script(tmp_path, "r.ipynb", notebook([("code", "x <- 1\n")],
                                                metadata={"kernelspec": {"language": "R", "name": "ir"}}))
-    assert "an R notebook" in one_line_error(run_cli("check", "r.ipynb", cwd=tmp_path))
+    assert "a notebook in R" in one_line_error(run_cli("check", "r.ipynb", cwd=tmp_path))
     write_script(tmp_path, "train.ipynb", notebook([("code", "print(1)\n")]))
     line = one_line_error(run_cli("launch", "--dry-run", "train.ipynb", cwd=tmp_path))
     assert "jupyter nbconvert --to script train.ipynb" in line

@@ -79,15 +79,14 @@ def _cells(shown: str, data: bytes, error: type[MpslaunchError]) -> list:
     metadata = notebook.get("metadata")
     language = _language(metadata if isinstance(metadata, dict) else {})
     if language.lower() not in ("", "python"):
-        article = "an" if language[:1].lower() in "aeiour" else "a"
-        raise error(f"{shown} is {article} {language} notebook; the check reads Python")
+        raise error(f"{shown} is a notebook in {language}; the check reads Python")
     return cells
 
 
 def _language(metadata: dict) -> str:
-    for section in ("kernelspec", "language_info"):
+    for section, field in (("kernelspec", "language"), ("language_info", "name")):
         value = metadata.get(section)
-        name = value.get("language" if section == "kernelspec" else "name") if isinstance(value, dict) else None
+        name = value.get(field) if isinstance(value, dict) else None
         if isinstance(name, str):
             return name
     return ""
