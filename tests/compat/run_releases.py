@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RELEASES = ["2.4.1/0.19.1", "2.8.0/0.23.0", "2.14.1/0.29.1"]  # torch/torchvision
-TESTS = ["tests/run", "tests/launcher/test_api.py"]
+TESTS = ["tests/run", "tests/launcher/test_api.py", "tests/commands/test_selftest.py"]
 TEST_SECONDS = 1800
 COLUMNS = ["torch", "accelerate", "env", "run + API tests", "all-reduce", "failing rank",
            "SIGTERM", "test 2 processes", "nohup (HUP)", "background (INT)"]

@@ -156,7 +156,7 @@ def test_without_signals_to_handle_torch_takes_only_the_signals_let_through(tmp_
 
 
 def test_from_another_thread_torch_sets_no_handler(tmp_path):
-    """mpslaunch.launch() from a thread: torch before 2.8 raised ValueError there."""
+    """mpslaunch.launch() from a thread: torch 2.4 raises ValueError there."""
     errors = []
 
     def from_thread():

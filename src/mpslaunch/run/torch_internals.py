@@ -8,7 +8,7 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   log_line_prefix_template and logs_specs are set after parsing (`Elastic.config`, `tune`);
 - without signals_to_handle (torch before 2.10), PContext.start takes over SIGTERM, SIGINT,
   SIGHUP and SIGQUIT, even one the launcher was started with ignored (nohup's SIGHUP), and
-  before 2.8 it fails outside the main thread: for the run, the `signal` module that torch's
+  torch 2.4 fails outside the main thread: for the run, the `signal` module that torch's
   multiprocessing module sees lets through only the launcher's choice, and nothing from another
   thread, as newer torch does (`torch_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
