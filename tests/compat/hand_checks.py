@@ -64,7 +64,7 @@ def main() -> None:
 def all_reduce(folder: Path) -> str | None:
     script = folder / "allreduce.py"
     script.write_text(ALL_REDUCE)
-    done = subprocess.run([*LAUNCH, str(script)], capture_output=True, text=True, timeout=120)
+    done = finished([*LAUNCH, str(script)], seconds=120)
     sums = sorted(line for line in done.stdout.splitlines() if " SUM " in line)
     if done.returncode != 0 or sums != ["[rank0] SUM 0 3.0", "[rank1] SUM 1 3.0"]:
         return f"exit {done.returncode}, {sums}: {last_line(done.stderr)}"
@@ -72,9 +72,8 @@ def all_reduce(folder: Path) -> str | None:
 
 
 def failing_rank(folder: Path) -> str | None:
-    done = subprocess.run([*LAUNCH, "--log_dir", str(folder / "logs"), str(waiting_script(folder)),
-                           str(folder), "fail"],
-                          capture_output=True, text=True, timeout=120)
+    done = finished([*LAUNCH, "--log_dir", str(folder / "logs"), str(waiting_script(folder)),
+                     str(folder), "fail"], seconds=120)
     summary = last_line(done.stderr)
     if done.returncode != 3 or "rank 1 failed first: it exited with code 3" not in summary \
             or not summary.endswith("; rank 0 was stopped"):
@@ -95,8 +94,8 @@ def sigterm(folder: Path) -> str | None:
 
 
 def self_test(folder: Path) -> str | None:
-    done = subprocess.run([sys.executable, "-m", "mpslaunch", "test", "--cpu", "--num_processes",
-                           "2"], capture_output=True, text=True, timeout=300, cwd=folder)
+    done = finished([sys.executable, "-m", "mpslaunch", "test", "--cpu", "--num_processes", "2"],
+                    seconds=300, cwd=folder)
     return None if done.returncode == 0 else f"exit {done.returncode}: {last_line(done.stderr)}"
 
 
@@ -114,6 +113,20 @@ def ignored_signal(signum: int):
         _, stderr = launcher.communicate(timeout=60)
         return None if launcher.returncode == 0 else f"exit {launcher.returncode}: {last_line(stderr)}"
     return check
+
+
+def finished(command: list[str], seconds: float, cwd: Path | None = None):
+    """The command's run; past `seconds` it is stopped with SIGTERM, as a user would, so that
+    it cleans up its ranks, and the check fails."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=cwd) as launcher:
+        try:
+            out, err = launcher.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            launcher.terminate()
+            launcher.communicate(timeout=60)
+            raise
+    return subprocess.CompletedProcess(command, launcher.returncode, out, err)
 
 
 def waiting_script(folder: Path) -> Path:
