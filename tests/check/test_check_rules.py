@@ -130,18 +130,27 @@ def test_no_workers_no_worker_findings(tmp_path):
 # ---------------------------------------------------------------- a one-file GPT trainer
 
 
-def test_module_constants_reach_the_rules_but_not_through_exec(tmp_path):
+def test_module_constants_reach_the_rules_and_a_config_run_by_exec_leaves_the_default(tmp_path):
     script = SCRIPTS / "gpt_trainer.py"
     to_device = {("gpt_trainer.py", line_of(script, "return x.to(device)"), "cuda-device"),
                  ("gpt_trainer.py", line_of(script, "model.to(device)"), "cuda-device")}
-    assert found(script, MAC) == to_device
-    assert found(script, LINUX_CPU_2) == to_device | {
+    # dtype is "float16" wherever CUDA is missing, so GradScaler(enabled=dtype == "float16") is on
+    scaler = {("gpt_trainer.py", line_of(script, "GradScaler("), "cuda-amp")}
+    assert found(script, MAC) == to_device | scaler
+    assert found(script, LINUX_CPU_2) == to_device | scaler | {
         ("gpt_trainer.py", line_of(script, "init_process_group(backend"), "nccl-cpu")}
     message = check_script(script, MAC).findings[0].message
     assert f'device (= "cuda", line {line_of(script, "device = ")})' in message
-    # a configurator exec()'d into the module can rebind any setting: nothing is assumed
+    # a configurator exec()'d into the module can rebind any setting: the default is reported
+    # once, where it is written, and says so
     body = script.read_text().replace('dtype = "bfloat16"', 'exec(open("configurator.py").read())\ndtype = "bfloat16"')
-    assert found(write_script(tmp_path, "configurable.py", body), MAC) == set()
+    configurable = write_script(tmp_path, "configurable.py", body)
+    default = ("configurable.py", line_of(configurable, 'device = "cuda"'), "cuda-default")
+    assert found(configurable, MAC) == {default, ("configurable.py", line_of(configurable, "GradScaler("), "cuda-amp")}
+    finding = next(f for f in check_script(configurable, MAC).findings if f.rule == "cuda-default")
+    assert "only a config file run by exec() may change" in finding.message
+    assert 'set device to "mps"' in finding.fix
+    assert found(configurable, LINUX_CUDA) == set()
 
 
 # ---------------------------------------------------------------- silence where nothing breaks

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 from mpslaunch.check.target import Target
 
+FALLBACK = "cpu-fallback"  # the rule whose finding launch shows first
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -60,8 +62,9 @@ def as_json(report: Report) -> str:
 
 def launch_warnings(report: Report, command: str, most: int = 5) -> list[str]:
     """What `launch` prints before the run: the first findings, and the command that shows
-    them all."""
-    lines = [finding.line_text() for finding in report.findings[:most]]
+    them all. A CPU fall-back comes first: it decides how fast the whole run is."""
+    findings = sorted(report.findings, key=lambda finding: finding.rule != FALLBACK)
+    lines = [finding.line_text() for finding in findings[:most]]
     rest = len(report.findings) - most
     if rest > 0:
         lines.append(f"{rest} more: {command}")
