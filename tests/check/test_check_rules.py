@@ -153,6 +153,109 @@ def test_module_constants_reach_the_rules_and_a_config_run_by_exec_leaves_the_de
     assert found(configurable, LINUX_CUDA) == set()
 
 
+# ---------------------------------------------------------------- devices a script chooses itself
+
+
+NOT_A_MAC = [MAC_CPU, LINUX_CPU, LINUX_CUDA]
+
+
+@pytest.mark.parametrize("name, chosen_at", [
+    ("fallback_tutorial.py", 'torch.device("cuda" if torch.cuda.is_available() else "cpu")'),
+    ("fallback_flag.py", 'torch.device("cuda" if use_cuda else "cpu")'),
+    ("fallback_gan.py", "cuda = torch.cuda.is_available()"),
+])
+def test_a_device_chosen_between_cuda_and_the_cpu_is_named_once_on_a_mac(name, chosen_at):
+    script = SCRIPTS / name
+    assert found(script, MAC) == {(name, line_of(script, chosen_at), "cpu-fallback")}
+    (finding,) = check_script(script, MAC).findings
+    assert "on a Mac: the script trains on the CPU" in finding.message and not finding.breaks
+    assert 'torch.device(os.environ.get("MPSLAUNCH_DEVICE", "cpu"))' in finding.fix
+    assert "elif torch.backends.mps.is_available()" in finding.fix
+    for target in NOT_A_MAC:  # the CPU is the plan there, or CUDA is chosen
+        assert found(script, target) == set(), target
+
+
+def test_tensors_on_a_fallen_back_device_are_cpu_tensors_no_float64_finding():
+    script = SCRIPTS / "fallback_tutorial.py"
+    assert "float64-mps" not in {rule for _, _, rule in found(script, MAC)}
+    # the same line with the device written out as mps is a finding
+    assert found_in(script.read_text().replace('"cuda" if torch.cuda.is_available() else "cpu"', '"mps"'),
+                    MAC) == {("float64-mps", line_of(script, "dtype=torch.float64"))}
+
+
+def test_options_of_a_flag_fallback_are_read_in_the_branch_the_mac_takes():
+    # pin_memory and workers are set only under `if use_cuda:`, false on a Mac
+    rules = {rule for _, _, rule in found(SCRIPTS / "fallback_flag.py", MAC)}
+    assert rules == {"cpu-fallback"}
+
+
+def test_a_script_that_already_offers_mps_is_not_a_fallback(tmp_path):
+    body = (SCRIPTS / "fallback_tutorial.py").read_text().replace(
+        'torch.device("cuda" if torch.cuda.is_available() else "cpu")',
+        'torch.device("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")')
+    script = write_script(tmp_path, "offers_mps.py", body)
+    # no fall-back; and the float64 tensor is now on mps, where it fails
+    assert found(script, MAC) == {("offers_mps.py", line_of(script, "dtype=torch.float64"), "float64-mps")}
+
+
+def test_guards_are_read_by_what_they_test_not_by_their_words():
+    script = SCRIPTS / "accelerate_guards.py"
+    expected = {("accelerate_guards.py", line_of(script, "state = torch.load(args.resume)"), "load-map-location"),
+                ("accelerate_guards.py", line_of(script, 'shadow.to(device="cuda")'), "cuda-device"),
+                ("accelerate_guards.py", line_of(script, 'torch.autocast("cuda")'), "cuda-amp")}
+    # main process, gradient sync, `args.gpu is None` (true by default): none keeps cuda away
+    assert found(script, MAC) == expected
+    assert found(script, LINUX_CPU) == expected
+    assert found(script, LINUX_CUDA) == set()
+
+
+def test_an_assert_or_an_exit_without_cuda_guards_what_follows():
+    script = SCRIPTS / "gpu_required.py"
+    # only the load before the assert; after it, and after `if not ...: sys.exit()`, nothing runs
+    assert found(script, MAC) == {("gpu_required.py", line_of(script, "torch.load(checkpoint)"), "load-map-location")}
+
+
+def test_an_option_defaulting_to_cuda_is_named_with_what_to_pass():
+    script = SCRIPTS / "device_option.py"
+    option = line_of(script, '"--device", default="cuda"')
+    flag = line_of(script, '"cuda" if args.gpu else "cpu"')
+    assert found(script, MAC) == {("device_option.py", option, "cuda-default"),
+                                  ("device_option.py", flag, "cuda-device")}
+    default = [f for f in check_script(script, MAC).findings if f.rule == "cuda-default"][0]
+    assert default.message.startswith('--device defaults to "cuda"') and default.fix == "pass --device mps"
+    on_cpu = [f for f in check_script(script, LINUX_CPU).findings if f.rule == "cuda-default"][0]
+    assert on_cpu.fix == "pass --device cpu"
+    assert found(script, LINUX_CUDA) == set()
+
+
+def test_checkpoints_the_script_writes_itself_load_where_they_were_saved():
+    script = SCRIPTS / "checkpoints.py"
+    expected = {("checkpoints.py", line_of(script, "torch.load(args.init))"), "load-map-location"),
+                ("checkpoints.py", line_of(script, 'map_location=f"cuda:{rank}"'), "load-map-location"),
+                ("checkpoints.py", line_of(script, "map_location=first_gpu"), "load-map-location")}
+    assert found(script, MAC) == expected
+    assert found(script, LINUX_CPU) == expected
+    assert found(script, LINUX_CUDA) == set()
+    texts = " ".join(f.message for f in check_script(script, MAC).findings)
+    assert 'map_location=first_gpu (= "cuda:0", line' in texts and 'map_location=f"cuda:..."' in texts
+
+
+def test_pin_memory_in_a_kwargs_dict_and_a_scaler_switched_on_by_the_plan():
+    script = SCRIPTS / "loader_kwargs.py"
+    assert found(script, MAC) == {("loader_kwargs.py", line_of(script, "DataLoader(data"), "pin-memory-mps"),
+                                  ("loader_kwargs.py", line_of(script, "GradScaler(enabled=half)"), "cuda-amp")}
+    assert found(script, LINUX_CPU) == {("loader_kwargs.py", line_of(script, "GradScaler(enabled=half)"), "cuda-amp")}
+    assert found(script, LINUX_CUDA) == set()
+
+
+def found_in(text: str, target: Target) -> set[tuple[str, int]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = write_script(Path(folder), "script.py", text)
+        return {(f.rule, f.line) for f in check_script(script, target).findings}
+
+
 # ---------------------------------------------------------------- silence where nothing breaks
 
 

@@ -57,29 +57,27 @@ class Choices:
             return
         skipped = node.orelse if value else node.body
         if _places_on_cuda(skipped if isinstance(skipped, list) else [skipped]):
-            key, line_node = origin
+            key, line_node, shown = origin
             if key not in self.sites or self.sites[key][1].lineno > line_node.lineno:
-                self.sites[key] = (where, line_node, _shown(line_node))
+                self.sites[key] = (where, line_node, shown)
 
-    def origin(self, test: ast.expr, where: Where) -> tuple[object, ast.AST] | None:
-        """What a test about CUDA rests on: the query itself ("direct"), a flag bound from it
-        (its binding), or an option named for cuda; None for a test of anything else."""
+    def origin(self, test: ast.expr, where: Where) -> tuple[object, ast.AST, str] | None:
+        """What a test about CUDA rests on, the node to report and how to show it: the query
+        itself, a flag bound from it (at its binding), or an option named for cuda; None for a
+        test of anything else."""
         values = where.values
         for child in ast.walk(test):
             if isinstance(child, ast.Call) and values.qualified(child.func, where.scope) in _CUDA_QUERIES:
-                return ("direct", where.facts.source.path), test
-            if isinstance(child, ast.Name) and "cuda" in child.id.lower():
-                bound, scope = where.scope.lookup(child.id)
-                if isinstance(bound, ast.expr) and not _is_device_value(bound):
-                    return ("flag", id(bound)), bound
+                return ("direct", where.facts.source.path), test, _shown(test)
             if isinstance(child, ast.Attribute) and child.attr.lower() in ("cuda", "use_cuda"):
-                return ("option", child.attr), test
-            if isinstance(child, ast.Name):
-                bound, scope = where.scope.lookup(child.id)
-                if isinstance(bound, ast.expr) and not _is_device_value(bound) and any(
-                        isinstance(n, ast.Call) and values.qualified(n.func, scope) in _CUDA_QUERIES
-                        for n in ast.walk(bound)):
-                    return ("flag", id(bound)), bound
+                return ("option", child.attr), test, _shown(test)
+            if not isinstance(child, ast.Name):
+                continue
+            bound, scope = where.scope.lookup(child.id)
+            if isinstance(bound, ast.expr) and not _is_device_value(bound) and (
+                    "cuda" in child.id.lower() or any(isinstance(n, ast.Call) and values.qualified(
+                        n.func, scope) in _CUDA_QUERIES for n in ast.walk(bound))):
+                return ("flag", id(bound)), bound, f"{child.id} = {_shown(bound)}"
         return None
 
     def findings(self) -> None:
@@ -215,6 +213,5 @@ def _places_on_cuda(statements: list[ast.AST]) -> bool:
 
 
 def _shown(node: ast.AST) -> str:
-    text = ast.unparse(node.test if isinstance(node, (ast.If, ast.While)) else node)
-    text = text if len(text) <= 70 else text[:67] + "..."
-    return f"if {text}:" if isinstance(node, ast.If) else text
+    text = ast.unparse(node)
+    return text if len(text) <= 70 else text[:67] + "..."

@@ -113,7 +113,10 @@ class Rules:
         """`.to("cuda:0")` (or `.to(device)` with the line that binds device to "cuda") when
         node is a cuda device; None otherwise."""
         text = self.cuda_text(node, where)
-        return None if text is None else f"{shown}{text}" if shown.endswith("=") else f"{shown}({text})"
+        if text is None:
+            return None
+        what = f"{shown}{text}" if shown.endswith("=") else f"{shown}({text})"
+        return f"{what}, cuda unless an option says otherwise," if isinstance(node, ast.IfExp) else what
 
     def cuda_text(self, node: ast.expr | None, where: Where) -> str | None:
         """How to show node when it names a cuda device: a literal, f"cuda:{rank}", a name
@@ -138,7 +141,7 @@ class Rules:
         if isinstance(value, Prefix) and value.startswith("cuda"):
             return f'f"{value}..."'
         if isinstance(node, ast.IfExp) and is_cuda_text(value):
-            return f'{ast.unparse(node)} (= "{value}" here)'
+            return ast.unparse(node)
         return None
 
     # ------------------------------------------------------------ checkpoints
