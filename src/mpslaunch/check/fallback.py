@@ -45,7 +45,7 @@ class Choices:
         origin = self.origin(node.test, where)
         if origin is None:
             return
-        value = where.value(node.test)
+        value, _ = where.values.test(node.test, where.scope)
         cuda_side = _device_side(node, "cuda")
         cpu_side = _device_side(node, "cpu")
         if cuda_side is not None and cpu_side is not None and cuda_side != cpu_side:
@@ -71,7 +71,7 @@ class Choices:
                 return ("direct", where.facts.source.path), test, _shown(test)
             if isinstance(child, ast.Attribute) and child.attr.lower() in ("cuda", "use_cuda"):
                 return ("option", child.attr), test, _shown(test)
-            if not isinstance(child, ast.Name):
+            if not isinstance(child, ast.Name) or child.id not in where.facts.device_names:
                 continue
             bound, scope = where.scope.lookup(child.id)
             if isinstance(bound, ast.expr) and not _is_device_value(bound) and (

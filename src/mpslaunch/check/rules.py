@@ -131,6 +131,8 @@ class Rules:
                 return None
             return f'"{value}"' if line is None else f'{node.id} (= "{value}", line {line})'
         if isinstance(node, ast.Name):
+            if node.id not in where.facts.cuda_names:
+                return None
             bound, _ = where.scope.lookup(node.id)
             if not isinstance(bound, (ast.JoinedStr, ast.Call)) or bound.lineno == node.lineno:
                 return None

@@ -28,6 +28,9 @@ _GLOBAL = re.compile(r"(?m)^[ \t]*global[ \t]+([\w \t,]+)")
 _DYNAMIC = re.compile(r"\b(?:exec|globals|vars)\s*\(")  # can rebind any module name
 _OPTION = re.compile(r"add_argument\(")
 _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)")
+# `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
+_DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
+_CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
 
 
 @dataclass
@@ -60,6 +63,17 @@ class FileFacts:
         lines = self.candidate_lines
         index = bisect.bisect_left(lines, first)
         return index < len(lines) and lines[index] <= last
+
+    @cached_property
+    def device_names(self) -> frozenset[str]:
+        """Names some line binds to an expression that mentions the device: the only names
+        whose binding can make a condition a device test (the others are not looked up)."""
+        return frozenset(_DEVICE_BINDING.findall(self.source.text))
+
+    @cached_property
+    def cuda_names(self) -> frozenset[str]:
+        """Names some line binds to an expression that mentions cuda (`loc = f"cuda:{rank}"`)."""
+        return frozenset(_CUDA_BINDING.findall(self.source.text))
 
     @cached_property
     def option_calls(self) -> list[ast.Call]:
@@ -119,11 +133,20 @@ class Scope:
             bound.setdefault(name, []).append(None)
         return bound
 
+    @cached_property
+    def parameter_names(self) -> frozenset[str]:
+        arguments = self.parameters
+        return frozenset(argument.arg for argument in (
+            *arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg,
+            arguments.kwarg) if argument is not None)
+
     def lookup(self, name: str) -> tuple[ast.AST | None, "Scope | None"]:
         """What `name` stands for here when it is bound exactly once (an expression, a def or a
         class), and the scope that binds it; (None, None) otherwise."""
         scope = self
         while scope is not None:
+            if scope.parameters is not None and name in scope.parameter_names:
+                return None, scope  # a parameter: its value comes from the caller
             values = scope.bindings.get(name)
             if values is not None:
                 return (values[0], scope) if len(values) == 1 else (None, None)

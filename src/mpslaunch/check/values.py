@@ -161,8 +161,10 @@ class Values:
 
     def test(self, node: ast.expr, scope) -> tuple[object, str | None]:
         """(value, what it reads) of a condition: "device" when it reads the device or its
-        availability, "gpu" when it reads a GPU option (`args.gpu is None`), else None."""
-        return self.value(node, scope), self.reads(node, scope)
+        availability, "gpu" when it reads a GPU option (`args.gpu is None`), else None (and
+        then the value, which decides nothing, is not worked out)."""
+        reads = self.reads(node, scope)
+        return (UNKNOWN if reads is None else self.value(node, scope)), reads
 
     def reads(self, node: ast.expr, scope, depth: int = 0) -> str | None:
         """What a condition reads, directly or through a name bound (once) from a reading."""
@@ -179,7 +181,8 @@ class Values:
                 return "device"
             if any(part in _GPU_PARTS for part in parts):
                 found = "gpu"
-            if isinstance(child, ast.Name) and depth < 3 and scope is not None:
+            if isinstance(child, ast.Name) and depth < 3 and scope is not None \
+                    and child.id in scope.facts.device_names:
                 bound, where = scope.lookup(child.id)
                 if isinstance(bound, ast.expr):
                     found = self.reads(bound, where, depth + 1) or found

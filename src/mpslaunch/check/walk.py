@@ -133,20 +133,8 @@ class _Walker:
             self.function(node, where, top_level)
         elif kind is ast.ClassDef:
             self.cls(node, where, top_level)
-        elif kind in (ast.If, ast.While):
-            self.node(node.test, where)
-            taken, other = self.branches(node, where)
-            if taken is not None:
-                self.body(node.body, taken)
-            if other is not None:
-                self.body(node.orelse, other)
-        elif kind is ast.IfExp:
-            self.node(node.test, where)
-            taken, other = self.branches(node, where)
-            if taken is not None:
-                self.node(node.body, taken)
-            if other is not None:
-                self.node(node.orelse, other)
+        elif kind in (ast.If, ast.While, ast.IfExp):
+            self.conditional(node, where)
         elif kind is ast.BoolOp:
             self.bool_op(node, where)
         elif kind in (ast.Try, getattr(ast, "TryStar", ast.Try)):
@@ -155,7 +143,7 @@ class _Walker:
             for part in (*node.handlers, *node.orelse, *node.finalbody):
                 self.statement(part, where)
         elif isinstance(node, ast.stmt) or kind is ast.ExceptHandler:
-            if hasattr(node, "body") and kind is not ast.ExceptHandler:  # with, for, match
+            if hasattr(node, "body") and kind is not ast.ExceptHandler:  # with, for
                 for child in ast.iter_child_nodes(node):
                     if not isinstance(child, ast.stmt):
                         self.node(child, where)
@@ -170,6 +158,16 @@ class _Walker:
         else:
             for child in ast.iter_child_nodes(node):
                 self.node(child, where)
+
+    def conditional(self, node: ast.If | ast.While | ast.IfExp, where: Where) -> None:
+        self.node(node.test, where)
+        for part, place in zip((node.body, node.orelse), self.branches(node, where)):
+            if place is None:
+                continue
+            if isinstance(part, list):
+                self.body(part, place)
+            else:
+                self.node(part, place)
 
     def branches(self, node: ast.If | ast.While | ast.IfExp, where: Where) -> tuple[Where | None, Where | None]:
         """The places of the branch taken when the test holds and of the other; None for a
