@@ -248,6 +248,26 @@ def test_pin_memory_in_a_kwargs_dict_and_a_scaler_switched_on_by_the_plan():
     assert found(script, LINUX_CUDA) == set()
 
 
+STAR_AND_DEFAULTS = """\
+import argparse
+from helpers import *  # brings torch along
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--pin", action="store_true")
+parser.add_argument("--no-pin", dest="pin", action="store_false")
+parser.set_defaults(pin=True)
+args = parser.parse_args()
+weights = torch.load("pretrained.pt")
+loader = torch.utils.data.DataLoader(list(range(8)), pin_memory=args.pin)
+"""
+
+
+def test_torch_through_a_star_import_and_an_option_set_by_set_defaults():
+    assert found_in(STAR_AND_DEFAULTS, MAC) == {("load-map-location", 9), ("pin-memory-mps", 10)}
+    assert found_in(STAR_AND_DEFAULTS.replace("set_defaults(pin=True)", "set_defaults(pin=False)"), MAC) == {
+        ("load-map-location", 9)}
+
+
 def found_in(text: str, target: Target) -> set[tuple[str, int]]:
     import tempfile
 

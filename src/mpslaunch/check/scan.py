@@ -26,7 +26,7 @@ _START_METHOD = re.compile(r"""set_start_method\(\s*["'](\w+)["']""")
 _WORD = re.compile(r"\w+")
 _GLOBAL = re.compile(r"(?m)^[ \t]*global[ \t]+([\w \t,]+)")
 _DYNAMIC = re.compile(r"\b(?:exec|globals|vars)\s*\(")  # can rebind any module name
-_OPTION = re.compile(r"add_argument\(")
+_OPTION = re.compile(r"(?:add_argument|set_defaults)\(")
 _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)")
 # `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
 _DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
@@ -77,9 +77,9 @@ class FileFacts:
 
     @cached_property
     def option_calls(self) -> list[ast.Call]:
-        """Its `parser.add_argument(...)` calls."""
+        """Its `parser.add_argument(...)` and `parser.set_defaults(...)` calls, in order."""
         return [node for node in self._nodes_on(_OPTION) if isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"]
+                and isinstance(node.func, ast.Attribute) and node.func.attr in ("add_argument", "set_defaults")]
 
     @cached_property
     def attribute_assignments(self) -> list[ast.Assign]:
@@ -241,6 +241,8 @@ def _read_facts(source: SourceFile) -> FileFacts:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    if "torch" not in aliases and any(name.endswith(".*") for name in aliases.values()):
+        aliases["torch"] = "torch"  # `from utils import *` of a module that imports torch
     text = source.text
     method = _START_METHOD.search(text)
     return FileFacts(source, aliases, method.group(1) if method else None,

@@ -46,14 +46,20 @@ class Values:
 
     @cached_property
     def _options(self) -> dict[str, object]:
-        """Each argparse option's default (UNKNOWN when required or given twice differently)."""
+        """Each argparse option's default (UNKNOWN when required or given twice differently);
+        `parser.set_defaults(name=value)` has the last word."""
         found: dict[str, object] = {}
+        settled: dict[str, object] = {}
         for facts in self.project.facts:
             for call in facts.option_calls:
+                if call.func.attr == "set_defaults":
+                    settled.update((k.arg, k.value.value if isinstance(k.value, ast.Constant) else UNKNOWN)
+                                   for k in call.keywords if k.arg)
+                    continue
                 dest, default = _option(call)
                 if dest is not None:
                     found[dest] = default if found.get(dest, default) == default else UNKNOWN
-        return found
+        return {**found, **settled}
 
     @cached_property
     def _attributes(self) -> dict[str, list[ast.expr]]:
