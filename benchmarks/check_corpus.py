@@ -41,7 +41,7 @@ def targets(labels: dict) -> dict:
 
 def run(folder: Path, labels: dict) -> tuple[Counter, Counter, Counter, list[str], list[str], dict]:
     from mpslaunch.check import check_script
-    from mpslaunch.errors import MpslaunchError
+    from mpslaunch.output import MpslaunchError
 
     right, wrong, missed = Counter(), Counter(), Counter()
     crashes, mismatches = [], []

@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 from conftest import run_cli, write_script
-from mpslaunch import torch_check
-from mpslaunch.machine import probe
+from mpslaunch.machine import probe, torch_check
 
 SCRIPTS = Path(__file__).parent / "scripts"
 BUILD = "24F74"
 ON_A_MAC = """
 import os, sys
-from mpslaunch import cli, machine
+from mpslaunch import commands as cli
+from mpslaunch.machine import facts as machine
 os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
 machine._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "%s",
                                 "machdep.cpu.brand_string": "Apple M4 Max", "kern.hv_vmm_present": "0"}
@@ -54,6 +54,6 @@ def test_launch_on_a_mac_shows_the_fallback_before_what_stops_the_run(tmp_path, 
     assert len(warnings) == 3
     assert "leaves the work on the CPU on a Mac" in warnings[0]  # first, though the others stop the run
     assert "torch.load without map_location" in warnings[1] and ".cuda() fails on a Mac" in warnings[2]
-    # `check` lists what stops the run first
+    # `check` lists it first too
     listed = run_cli("check", "--device", "mps", str(script)).stdout.splitlines()
-    assert "leaves the work on the CPU" in listed[2]
+    assert "leaves the work on the CPU" in listed[0] and ".cuda() fails" in listed[2]

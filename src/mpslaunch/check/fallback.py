@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ast
 
+from mpslaunch.check.report import FALLBACK
 from mpslaunch.check.scan import Where
 from mpslaunch.check.values import CUDA_TENSOR, UNKNOWN, is_cuda_text
 
-FALLBACK = "cpu-fallback"
 DEFAULT = "cuda-default"
 _CUDA_QUERIES = ("torch.cuda.is_available", "torch.cuda.device_count")
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from mpslaunch.check.target import Target
 
-FALLBACK = "cpu-fallback"  # the rule whose finding launch shows first
+FALLBACK = "cpu-fallback"  # the rule whose findings come first
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,17 @@ class Report:
     target: Target
     files: tuple[str, ...]  # the files read, the script first
     skipped: tuple[str, ...]  # local modules that could not be read, one line each
-    findings: tuple[Finding, ...]  # what stops the run first, then by file and line
+    findings: tuple[Finding, ...]  # a CPU fall-back, what stops the run, then by file and line
 
 
 def ordered(findings: list[Finding]) -> tuple[Finding, ...]:
-    """Without duplicates (one message, one line), what stops the run first, each file's in order."""
+    """Without duplicates (one message, one line): a CPU fall-back first, since it decides how
+    fast the whole run is (and launch shows the first few), then what stops the run, each
+    file's in order."""
     unique = {(finding.file, finding.line, finding.rule, finding.message): finding for finding in findings}
     files = list(dict.fromkeys(finding.file for finding in findings))
-    return tuple(sorted(unique.values(),
-                        key=lambda f: (not f.breaks, files.index(f.file), f.line, f.rule)))
+    return tuple(sorted(unique.values(), key=lambda f: (
+        f.rule != FALLBACK, not f.breaks, files.index(f.file), f.line, f.rule)))
 
 
 def as_text(report: Report) -> str:
@@ -48,6 +50,8 @@ def as_text(report: Report) -> str:
     else:
         lines.append(f"nothing found for {report.target.describe()} in {len(report.files)} "
                      f"file{'s' if len(report.files) > 1 else ''}")
+    if report.skipped:  # the summary must not read as if everything was looked at
+        lines[-1] += f"; {len(report.skipped)} not checked (above)"
     return "\n".join(lines)
 
 
@@ -59,13 +63,3 @@ def as_json(report: Report) -> str:
     return json.dumps({"plan": target, "files": list(report.files), "skipped": list(report.skipped),
                        "findings": [asdict(finding) for finding in report.findings]}, indent=2)
 
-
-def launch_warnings(report: Report, command: str, most: int = 5) -> list[str]:
-    """What `launch` prints before the run: the first findings, and the command that shows
-    them all. A CPU fall-back comes first: it decides how fast the whole run is."""
-    findings = sorted(report.findings, key=lambda finding: finding.rule != FALLBACK)
-    lines = [finding.line_text() for finding in findings[:most]]
-    rest = len(report.findings) - most
-    if rest > 0:
-        lines.append(f"{rest} more: {command}")
-    return lines
