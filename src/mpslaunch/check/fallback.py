@@ -46,10 +46,11 @@ class Choices:
         if origin is None:
             return
         value, _ = where.values.test(node.test, where.scope)
-        cuda_side = _device_side(node, "cuda")
-        cpu_side = _device_side(node, "cpu")
+        cuda_side, cpu_side = _device_side(node, "cuda"), _device_side(node, "cpu")
         if cuda_side is not None and cpu_side is not None and cuda_side != cpu_side:
-            if id(node) not in self.not_devices and not _mentions_mps(node) and (value is UNKNOWN or bool(value) != (cuda_side == "body")):
+            # "cuda" if test else "cpu": a fall-back unless the test holds here (then cuda-device)
+            cuda_here = value is not UNKNOWN and bool(value) == (cuda_side == "body")
+            if id(node) not in self.not_devices and not _mentions_mps(node) and not cuda_here:
                 self.explicit_origins.add(origin[0])
                 self.sites[("explicit", id(node))] = (where, node, _shown(node))
             return
