@@ -268,6 +268,20 @@ def test_torch_through_a_star_import_and_an_option_set_by_set_defaults():
         ("load-map-location", 9)}
 
 
+def test_in_a_notebook_an_unpicklable_function_belongs_in_a_module(tmp_path):
+    import json
+
+    cells = ["import torch\nfrom torch.utils.data import DataLoader",
+             "loader = DataLoader(list(range(8)), num_workers=2, collate_fn=lambda batch: batch)"]
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                "cells": [{"cell_type": "code", "metadata": {}, "source": cell, "outputs": [],
+                           "execution_count": None} for cell in cells]}
+    script = write_script(tmp_path, "train.ipynb", json.dumps(notebook))
+    (finding,) = check_script(script, MAC).findings
+    assert finding.rule == "workers-pickle"
+    assert finding.fix == "define collate_fn in a .py module beside the notebook, and import it"
+
+
 def found_in(text: str, target: Target) -> set[tuple[str, int]]:
     import tempfile
 

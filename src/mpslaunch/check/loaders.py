@@ -44,18 +44,20 @@ def dataloader(rules, call: ast.Call, where: Where) -> None:
                   f"DataLoader in a script without a main guard: its {started}, each "
                   f'runs this script again, and the run stops ("{BOOTSTRAP_ERROR}")',
                   'put the training in a function called under if __name__ == "__main__":', fact=WORKERS)
+    # a spawned worker finds a function by its module: a notebook's own functions have none
+    home = ("in a .py module beside the notebook, and import it" if where.facts.source.cells is not None
+            else "with def at module level")
     for part in ("collate_fn", "worker_init_fn"):
         what = unpicklable(arguments.get(part), where)
         if what:
             rules.add(where, call, "workers-pickle",
                       f"{part} is {what}: DataLoader {started}, which pickles it, and the run "
-                      f"stops (\"Can't pickle ...\")", f"define {part} with def at module level", fact=WORKERS)
+                      f"stops (\"Can't pickle ...\")", f"define {part} {home}", fact=WORKERS)
     what = dataset_unpicklable(arguments.get("dataset"), where)
     if what:
         rules.add(where, call, "workers-pickle",
                   f"the dataset keeps {what}: DataLoader {started}, which pickles the dataset, "
-                  "and the run stops (\"Can't pickle ...\")",
-                  "define the transform with def at module level", fact=WORKERS)
+                  "and the run stops (\"Can't pickle ...\")", f"define the transform {home}", fact=WORKERS)
 
 
 class Arguments:
