@@ -15,8 +15,10 @@ if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when 
     from mpslaunch.check.target import Target
 
 HELP = """\
-Read a training script, and the modules it imports from its own folder, and say what will
-break it on this plan before it runs: cuda written into the script on a Mac or on cpu,
+Read a training script (or a notebook's code cells), and the modules it imports from its own
+folder, and say what will break it or slow it on this plan before it runs: a device chosen as
+"cuda" if available else "cpu" (on a Mac the script then trains on the CPU), a --device option
+that defaults to cuda, cuda written into the script on a Mac or on cpu,
 torch.load without map_location, float64 on mps, DataLoader workers that a Mac starts by
 spawn (the main guard, lambdas as collate_fn or transforms), nccl for CPU processes,
 torch.cuda.amp on mps or cpu, pin_memory on mps. The script is parsed, never imported or
