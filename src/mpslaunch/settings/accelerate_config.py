@@ -1,7 +1,7 @@
 """Accelerate's config files (`accelerate config`, `accelerate config default`) as mpslaunch profiles.
 
 Pure translation of the file's mapping into Profile fields, key by key by what `accelerate launch`
-does with it (docs/accelerate-configs.md): what has the same meaning maps; settings at their off
+does with it (docs/from-accelerate.md): what has the same meaning maps; settings at their off
 value, in any spelling, are idle; settings that only tune speed are left out with a one-line
 warning; what cannot map (DeepSpeed, FSDP, TPUs, SageMaker, fp8, other accelerators) is refused
 in one line that names the key and says why. Accelerate's num_processes counts every machine;

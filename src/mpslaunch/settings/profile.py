@@ -20,25 +20,31 @@ class Profile:
     """A profile: every key with its value."""
 
     version: int = PROFILE_VERSION
+    # what to run on
     device: str = "auto"
     mixed_precision: str = "no"
-    num_processes: int | None = None
+    num_processes: int | None = None  # None: one per NVIDIA GPU, else 1
+    # several machines
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_ip_via_nat: bool = False
     main_process_port: int = 0
+    # how torch.distributed.run meets the ranks
     rdzv_backend: str = "static"
     rdzv_timeout: int = RDZV_TIMEOUT
     max_restarts: int = 0
+    # on a Mac: PYTORCH_ENABLE_MPS_FALLBACK, PYTORCH_MPS_HIGH_WATERMARK_RATIO
     mps_fallback: bool = True
     mps_memory_cap: float | None = None
     gpu_ids: str | None = None
+    # torch.compile, for the script's Accelerator
     dynamo_backend: str = "no"
     dynamo_mode: str = "default"
     dynamo_use_fullgraph: bool = False
     dynamo_use_dynamic: bool = False
     dynamo_use_regional_compilation: bool = False
+    # more for the script's Accelerator, and what runs beside the script
     debug: bool = False
     check: bool = True
     keep_awake: bool = True

@@ -15,32 +15,40 @@ class LaunchOptions:
     """What the command line asked for, the target aside. None means 'not given': the profile
     decides."""
 
+    # what to run on
     cpu: bool = False
-    device: str | None = None
+    device: str | None = None  # auto, mps, cuda or cpu
     mixed_precision: str | None = None
-    num_processes: int | None = None
+    num_processes: int | None = None  # on this machine
+    # several machines
     num_machines: int | None = None
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
+    machine_rank: int | None = None  # this machine's, from 0
+    main_process_ip: str | None = None  # machine 0's address
     main_process_ip_via_nat: bool | None = None
     main_process_port: int | None = None
+    # how torch.distributed.run meets and watches the ranks
     rdzv_backend: str | None = None
-    rdzv_timeout: int | None = None
+    rdzv_timeout: int | None = None  # seconds
     max_restarts: int | None = None
-    monitor_interval: float | None = None
-    gpu_ids: str | None = None
+    monitor_interval: float | None = None  # seconds; None: the launcher's own
+    # NVIDIA GPUs
+    gpu_ids: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks
     multi_gpu: bool = False
+    # torch.compile, for the script's Accelerator
     dynamo_backend: str | None = None
     dynamo_mode: str | None = None
-    dynamo_use_fullgraph: bool | None = None
+    dynamo_use_fullgraph: bool | None = None  # no graph breaks
     dynamo_use_dynamic: bool | None = None
     dynamo_use_regional_compilation: bool | None = None
+    # more for the script's Accelerator
     debug: bool | None = None
-    num_cpu_threads_per_process: int | None = None
+    num_cpu_threads_per_process: int | None = None  # OMP_NUM_THREADS
+    # output, and what runs beside the script
     log_dir: str | None = None
-    tee: str | None = None
-    check: bool | None = None
+    tee: str | None = None  # taken for Accelerate; every rank's output reaches the console
+    check: bool | None = None  # read the script first (mpslaunch check)
     keep_awake: bool | None = None
+    # the run itself
     grace_period: float = DEFAULT_GRACE_SECONDS
     module: bool = False
     no_python: bool = False
