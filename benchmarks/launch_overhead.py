@@ -45,11 +45,11 @@ print(elapsed, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
 """
 
 
-def run_once(command: list[str]) -> tuple[float, float]:
+def run_once(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
     """Seconds from start to exit, and the peak resident memory in MB of the command's process
-    (or of a child it waited for, when that one was bigger)."""
+    (or of a child it waited for, when that one was bigger). `env`: variables to add."""
     done = subprocess.run([sys.executable, "-S", "-c", RUNNER, *command], capture_output=True,
-                          text=True, check=True)
+                          text=True, check=True, env={**os.environ, **(env or {})})
     elapsed, peak, code = done.stdout.split()
     if int(code) != 0:
         raise SystemExit(f"{command} failed with exit code {code}")
@@ -80,6 +80,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (default: 7)")
     parser.add_argument("--with-accelerate", action="store_true",
                         help="also time `accelerate launch --cpu s.py`")
+    parser.add_argument("--also-src", metavar="DIR",
+                        help="also time `launch --cpu pass.py` with the mpslaunch in DIR (another "
+                        "checkout's src/), side by side")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-bench-"))
     script, sleepy, nothing = folder / "s.py", folder / "sleepy.py", folder / "pass.py"
@@ -96,12 +99,17 @@ def main() -> int:
     if options.with_accelerate:
         accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
         commands["accelerate launch --cpu s.py"] = [accelerate, "launch", "--cpu", str(script)]
-    for command in commands.values():
-        run_once(command)  # warm the file cache
+    envs = {}
+    if options.also_src:
+        other = "mpslaunch launch (--also-src) pass.py"
+        commands[other] = commands["mpslaunch launch --cpu pass.py"]
+        envs[other] = {"PYTHONPATH": str(Path(options.also_src).resolve())}
+    for name, command in commands.items():
+        run_once(command, envs.get(name))  # warm the file cache
     runs = {name: [] for name in commands}
     for _ in range(options.runs):
         for name, command in commands.items():
-            runs[name].append(run_once(command))
+            runs[name].append(run_once(command, envs.get(name)))
     print(f"{'command':32} {'median s':>9} {'ratio':>6} {'peak MB':>8}   ({options.runs} alternating runs)")
     for name, samples in runs.items():
         base = "python pass.py" if "pass.py" in name else "python s.py"
@@ -112,6 +120,10 @@ def main() -> int:
     fixed = (statistics.median(s for s, _ in runs["mpslaunch launch --cpu pass.py"])
              - statistics.median(s for s, _ in runs["python pass.py"]))
     print(f"the launcher's fixed cost (launch pass.py - python pass.py): {fixed * 1000:.0f} ms")
+    if options.also_src:
+        other = (statistics.median(s for s, _ in runs["mpslaunch launch (--also-src) pass.py"])
+                 - statistics.median(s for s, _ in runs["python pass.py"]))
+        print(f"the same with --also-src {options.also_src}: {other * 1000:.0f} ms")
     sleepy_command = [*mpslaunch_command(), "launch", "--cpu", "-q", str(sleepy)]
     print(f"launcher peak RSS (mpslaunch process only): {launcher_peak_rss_mb(sleepy_command):.1f} MB")
     if options.with_accelerate:

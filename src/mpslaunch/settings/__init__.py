@@ -20,7 +20,7 @@ from mpslaunch.settings.request import (LaunchOptions, LaunchRequest, given_as, 
 from mpslaunch.settings.profile_files import ProfileFile, read_active
 
 __getattr__ = lazy_names(__name__, {
-    "accelerate_config": ("WAYS", "Translation", "default_config_path", "unused_default_note"),
+    "accelerate_config": ("Translation", "default_config_path", "unused_default_note"),
     "flags": ("add_option", "add_table_options", "request_from_args", "spellings"),
-    "accelerate_flags": ("add_refused",),
+    "accelerate_flags": ("WAYS", "add_refused"),
 })
