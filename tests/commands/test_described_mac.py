@@ -141,4 +141,4 @@ def test_on_linux_nothing_is_asked_or_kept(tmp_path, isolated_cache_dir):
     assert planned.returncode == 0 and "mps check" not in planned.stdout and planned.stderr == ""
     assert run_cli("env").returncode == 0
     # no mps verdict; only the findings of the check launch ran on the script (mpslaunch check)
-    assert [path.name for path in isolated_cache_dir.iterdir()] == ["script-checks.json"]
+    assert [path.name for path in isolated_cache_dir.iterdir()] == ["script-checks"]

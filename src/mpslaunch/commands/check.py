@@ -46,10 +46,14 @@ def main(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
     from mpslaunch.check import check_script
+    from mpslaunch.check.before_launch import Interrupted
     from mpslaunch.check.report import as_json, as_text
 
     target = target_from_args(args)
-    report = check_script(Path(args.script), target)
+    try:
+        report = check_script(Path(args.script), target)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while checking {args.script}") from None
     print(as_json(report) if args.json else as_text(report))
     return 1 if report.findings else 0
 

@@ -1,5 +1,9 @@
 """The target must exist before anything starts: a script, a module (-m), or an executable
-(--no_python), each refused in one line that says what to check."""
+(--no_python), each refused in one line that says what to check and why.
+
+A script must be a regular file, opened as the check opens it (settings/paths.py), so that a
+FIFO named like a script is refused at once instead of hanging the launch.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import os
 import sys
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import LaunchRequest
+from mpslaunch.settings import LaunchRequest, current_folder, open_regular, unreadable
 
 
 def check_target(request: LaunchRequest) -> None:
@@ -29,29 +33,29 @@ def _check_executable(name: str) -> None:
 
 
 def _check_script(target: str) -> None:
-    # os.path for the checks (the launch path does not need pathlib); the messages show the
-    # path as pathlib writes it.
-    if os.path.isdir(target):
-        raise MpslaunchError(f"{_shown(target)} is a folder; give the script to run (a .py file), "
-                             "or -m and a module name")
-    if not os.path.exists(target):
-        raise MpslaunchError(f"no script at {_shown(target)} (looked in {os.getcwd()}); check the "
-                             "path, or use -m to run a module")
-    if not os.access(target, os.R_OK):
-        raise MpslaunchError(f"cannot read {_shown(target)}; check its permissions")
+    try:
+        os.close(open_regular(target))
+    except OSError as error:
+        raise MpslaunchError(unreadable(_shown(target), error, launching=True)) from None
+    if target.endswith(".ipynb"):  # Python reads the notebook's JSON as an expression
+        raise MpslaunchError(f"{_shown(target)} is a Jupyter notebook, which python cannot run; "
+                             f"export its code with `jupyter nbconvert --to script {target}` and "
+                             "launch the .py file it writes")
 
 
 def _shown(target: str) -> str:
-    from pathlib import Path  # only on a refusal
+    from pathlib import Path  # only on a refusal or a notebook
 
     return str(Path(target))
 
 
 def _check_module(name: str) -> None:
     """Like `python -m`, look in the current folder first; never import the module's package."""
-    if not _module_exists(name, [os.getcwd(), *sys.path[1:]]):
-        raise MpslaunchError(f"no module named {name!r} can be found from {os.getcwd()}; check "
-                             "the name, or install the package that provides it")
+    here = current_folder()
+    if not _module_exists(name, [*([here] if here else []), *sys.path[1:]]):
+        raise MpslaunchError(f"no module named {name!r} can be found from "
+                             f"{here or 'here (the current folder was removed)'}; check the name, "
+                             "or install the package that provides it")
 
 
 def _module_exists(name: str, search_path: list[str]) -> bool:
