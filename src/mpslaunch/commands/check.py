@@ -12,7 +12,7 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import DEVICES, add_option, add_table_options
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
-    from mpslaunch.check.target import Target
+    from mpslaunch.check import Target
 
 HELP = """\
 Read a training script (or a notebook's code cells), and the modules it imports from its own
@@ -47,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
-    from mpslaunch.check import check_script
-    from mpslaunch.check.before_launch import Interrupted
-    from mpslaunch.check.report import as_json, as_text
+    from mpslaunch.check import Interrupted, as_json, as_text, check_script
 
     target = target_from_args(args)
     try:
@@ -61,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
-    from mpslaunch.check.target import Target, described_target
+    from mpslaunch.check import Target, described_target
 
     if args.device not in (None, "auto"):
         if args.device == "mps" and (args.num_processes or 1) > 1:
