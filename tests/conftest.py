@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -118,6 +119,18 @@ def file_line(path: Path, seconds: float = 30.0) -> str:
     text = wait_for(written, seconds)
     assert text, f"{path} never appeared"
     return text
+
+
+RANK_PREFIX = re.compile(r"^\[rank\d+\] ")  # the launcher's prefix on each rank's console line
+
+
+def own_lines(output: str, *starts: str) -> list[str]:
+    """The lines of a run's output that the test's own code printed, whole: those whose text,
+    after the `[rankN] ` prefix, begins with one of `starts`. torch and gloo print on the ranks'
+    stdout too (`[Gloo] Rank 0 is connected to 1 peer ranks...`, warnings), in words that change
+    from release to release; a test compares only its own lines, which it marks."""
+    return [line for line in output.splitlines()
+            if RANK_PREFIX.sub("", line, count=1).startswith(starts)]
 
 
 def write_script(folder: Path, name: str, body: str) -> Path:

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import mpslaunch
-from conftest import REPO, one_line_error, run_cli, write_script
+from conftest import REPO, one_line_error, own_lines, run_cli, write_script
 from mpslaunch.output import MpslaunchError
 
 
@@ -75,21 +75,22 @@ def train(tag):  # defined in __main__ without a file, as in a notebook cell
     accelerator.end_training()
     return result
 
-print(json.dumps(mpslaunch.launch(train, "here", cpu=True, mixed_precision="bf16", quiet=True)))
-print(json.dumps(mpslaunch.launch(train, "ranks", cpu=True, num_processes=2, quiet=True)))
+print("RESULT", json.dumps(mpslaunch.launch(train, "here", cpu=True, mixed_precision="bf16", quiet=True)))
+print("RESULT", json.dumps(mpslaunch.launch(train, "ranks", cpu=True, num_processes=2, quiet=True)))
 box = []
 thread = threading.Thread(target=lambda: box.append(mpslaunch.launch(train, "thread", cpu=True,
                                                                      num_processes=2, quiet=True)))
 thread.start()
 thread.join()
-print(json.dumps(box[0]))
+print("RESULT", json.dumps(box[0]))
 """
 
 
 def test_a_notebook_function_in_one_process_then_several_then_from_a_thread():
     done = subprocess.run([sys.executable, "-c", NOTEBOOK], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    here, ranks, from_thread = [json.loads(line) for line in done.stdout.splitlines() if line[:1] in "[{"]
+    here, ranks, from_thread = [json.loads(line.removeprefix("RESULT "))
+                                for line in own_lines(done.stdout, "RESULT ")]
     assert here == [0, 1, "cpu", "bf16", "here"]
     # A fresh Accelerate state in each rank: nothing inherited from the call above.
     assert ranks == {"0": [0, 2, "cpu", "no", "ranks"], "1": [1, 2, "cpu", "no", "ranks"]}
@@ -117,7 +118,7 @@ def test_the_notebook_example_runs_as_a_script():
     example = REPO / "examples" / "notebook_launch.py"
     done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    one, several = done.stdout.splitlines()
+    one, several = own_lines(done.stdout, "(0, ", "{0: ")  # the example's own two lines
     assert one.startswith("(0, ") and several.startswith("{0: (0, 'cpu', ") and ", 1: (1, 'cpu', " in several
 
 

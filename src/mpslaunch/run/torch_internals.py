@@ -1,15 +1,23 @@
 """What the several-process path takes from torch beyond its public API, in one place, so that
-what a new torch release may break is seen at a glance. Checked against torch 2.14.1; the other
-torch releases mpslaunch supports are checked by the tests in tests/compat.
+what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.8.0 and
+2.14.1 (tests/compat); `missing()` names what the installed torch lacks.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
 - LaunchConfig's shutdown_timeout and signals_to_handle (newer torch only), its
   log_line_prefix_template and logs_specs are set after parsing (`Elastic.config`, `tune`);
+- without signals_to_handle (torch before 2.10), PContext.start takes over SIGTERM, SIGINT,
+  SIGHUP and SIGQUIT, even one the launcher was started with ignored (nohup's SIGHUP), and
+  torch 2.4 fails outside the main thread: for the run, the `signal` module that torch's
+  multiprocessing module sees lets through only the launcher's choice, and nothing from another
+  thread, as newer torch does (`torch_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
-- PContext.close is swapped for the run (`graceful_stops`);
+- PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
+  ended, as torch before 2.10 reports only the ranks that failed before the stop;
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
-  launcher serves is the one torch's static rendezvous finds on that port (`serve_store`);
+  launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
+  libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
+  before, where the store without libuv takes it;
 - ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run.
 
 The grace period when a rank fails: the other ranks get --grace_period to stop, not torch's 30 s.
@@ -24,11 +32,46 @@ called: those were stopped by the launcher; the others had ended by themselves.
 from __future__ import annotations
 
 import datetime
+import inspect
+import re
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
+LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
+TORCHS_STOPPING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what PContext.start takes
+
+
+def release(version: str) -> tuple[int, int, int] | None:
+    """torch.__version__ as (major, minor, patch); None for a pre-release or a build from source
+    ("2.8.0a0+git..."), which may predate its release's changes."""
+    found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(\+.*)?", version)
+    return tuple(int(part) for part in found.groups()[:3]) if found else None
+
+
+def libuv_takes_a_listening_socket(version: str) -> bool:
+    known = release(version)
+    return known is not None and known >= LIBUV_TAKES_A_LISTENING_SOCKET
+
+
+def missing() -> list[str]:
+    """What the launcher's promises rest on and the installed torch lacks, one line each."""
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.launcher.api import LaunchConfig
+
+    lines = []
+    if not _takes_a_timeout(getattr(api, "PContext", None)):
+        lines.append("torch's PContext.close(death_sig, timeout) is not there: when a rank fails, "
+                     "the others get torch's own time to stop, not --grace_period, and the summary "
+                     "judges them by their exit codes")
+    if "signals_to_handle" not in getattr(LaunchConfig, "__dataclass_fields__", {}) \
+            and getattr(api, "signal", None) is not signal:
+        lines.append("torch takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT for the run, even a "
+                     "signal the launcher was started with ignored (nohup's SIGHUP)")
+    return lines
 
 
 class Elastic:
@@ -65,21 +108,59 @@ class Elastic:
                                    tee=self.Std.from_str(args.tee))
 
 
-def tune(config, grace_seconds: float, signals_to_handle: str) -> None:
-    """The grace period and the signals torch's agent takes over, where this torch has them."""
+def tune(config, grace_seconds: float) -> None:
+    """The grace period, where this torch has it."""
     if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
         config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
-    if hasattr(config, "signals_to_handle"):  # newer torch; older ones take over all four
-        config.signals_to_handle = signals_to_handle
+
+
+@contextmanager
+def torch_signals(config, handles: str | None = None) -> Iterator[None]:
+    """While the run lasts, torch's agent takes over only the stopping signals in `handles`
+    ("SIGTERM,SIGINT"; None: torch's own four), and only from the main thread."""
+    if hasattr(config, "signals_to_handle"):  # torch 2.10 and later do both themselves
+        if handles is not None:
+            config.signals_to_handle = handles
+        yield
+        return
+    from torch.distributed.elastic.multiprocessing import api
+
+    if getattr(api, "signal", None) is not signal:  # missing() names it
+        yield
+        return
+    names = TORCHS_STOPPING_SIGNALS if handles is None else handles.split(",")
+    api.signal = _SignalsLetThrough({signal.Signals[name] for name in names if name})
+    try:
+        yield
+    finally:
+        api.signal = signal
+
+
+class _SignalsLetThrough:
+    """The signal module, for torch's multiprocessing module: handlers for `allowed` from the main
+    thread are set; any other is left as it is."""
+
+    def __init__(self, allowed: set[int]):
+        self.allowed = allowed
+
+    def __getattr__(self, name: str):
+        return getattr(signal, name)
+
+    def signal(self, signum: int, handler):
+        if signum in self.allowed and threading.current_thread() is threading.main_thread():
+            return signal.signal(signum, handler)
+        return signal.getsignal(signum)
 
 
 def serve_store(own: str, port: int, descriptor: int):
     """A rendezvous store served on the listening socket `descriptor` (bound to `port`); its own
     client connects to `own`. torch's rendezvous on this port then finds this store."""
+    import torch
     from torch.distributed import TCPStore
 
     return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
-                    multi_tenant=True, master_listen_fd=descriptor)
+                    multi_tenant=True, master_listen_fd=descriptor,
+                    use_libuv=libuv_takes_a_listening_socket(torch.__version__))
 
 
 def connect_store(address: str, port: int, seconds: float):
@@ -93,23 +174,29 @@ def connect_store(address: str, port: int, seconds: float):
 @dataclass
 class RankStops:
     grace_seconds: float
-    stopped_pids: set[int] = field(default_factory=set)  # ranks still running at a close()
+    # The ranks of the latest attempt still running when it was stopped: local rank -> exit code.
+    stopped: dict[int, int] = field(default_factory=dict)
     followed: bool = False  # False: this torch has no close() to follow; nothing is known
+    attempt: object = None  # the latest attempt's process context
 
 
 @contextmanager
 def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
+    from torch.distributed.elastic.multiprocessing import api
+
     stops = RankStops(grace_seconds)
-    try:
-        from torch.distributed.elastic.multiprocessing.api import PContext
-    except ImportError:
+    PContext = getattr(api, "PContext", None)
+    if not _takes_a_timeout(PContext):  # missing() names it
         yield stops
         return
     original = PContext.close
 
     def close(context, death_sig=None, timeout=30):
-        stops.stopped_pids |= _running(context)
+        if context is not stops.attempt:
+            stops.attempt, stops.stopped = context, {}
+        running = _running(context)
         original(context, death_sig=death_sig, timeout=grace_seconds)
+        stops.stopped.update({rank: process.wait() for rank, process in running.items()})
 
     PContext.close = close
     stops.followed = True
@@ -119,7 +206,15 @@ def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
         PContext.close = original
 
 
-def _running(context) -> set[int]:
-    """The pids of the context's ranks that have not exited (script ranks: Popen handlers)."""
+def _takes_a_timeout(context_class) -> bool:
+    close = getattr(context_class, "close", None)
+    try:
+        return {"death_sig", "timeout"} <= set(inspect.signature(close).parameters)
+    except (TypeError, ValueError):
+        return False
+
+
+def _running(context) -> dict:
+    """The context's ranks that have not exited (script ranks: Popen handlers), by local rank."""
     handlers = getattr(context, "subprocess_handlers", None) or {}
-    return {handler.proc.pid for handler in handlers.values() if handler.proc.poll() is None}
+    return {rank: handler.proc for rank, handler in handlers.items() if handler.proc.poll() is None}

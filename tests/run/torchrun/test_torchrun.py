@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, wait_for, write_script
+from conftest import own_lines, run_cli, wait_for, write_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and /proc")
 
@@ -91,16 +91,17 @@ import json, os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
-print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": total.item(),
-                  "local_rank": os.environ["LOCAL_RANK"], "device": os.environ["MPSLAUNCH_DEVICE"],
-                  "omp": os.environ.get("OMP_NUM_THREADS")}))
+print("REPORT", json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(),
+                            "sum": total.item(), "local_rank": os.environ["LOCAL_RANK"],
+                            "device": os.environ["MPSLAUNCH_DEVICE"],
+                            "omp": os.environ.get("OMP_NUM_THREADS")}))
 dist.destroy_process_group()
 """)
     result = run_cli(*TWO_CPU_RANKS, str(script), timeout=60)
     assert result.returncode == 0, result.stderr
     reports = {}
-    for line in result.stdout.splitlines():
-        prefix, _, text = line.partition(" ")
+    for line in own_lines(result.stdout, "REPORT "):
+        prefix, _, text = line.partition(" REPORT ")
         report = json.loads(text)
         assert prefix == f"[rank{report['rank']}]"  # console lines carry the rank
         reports[report["rank"]] = report
@@ -194,7 +195,7 @@ dist.destroy_process_group()
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [launcher.communicate(timeout=90) for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], outputs
-    met = sorted(line.split(" ", 1)[1] for out, _ in outputs for line in out.splitlines())
+    met = sorted(line.split(" ", 1)[1] for out, _ in outputs for line in own_lines(out, "MET "))
     assert met == ["MET 0 2 3.0", "MET 1 2 3.0"]
 
 
@@ -235,7 +236,7 @@ print("DONE", rank, flush=True)
     launchers = two_machines("a") + two_machines("b")
     outputs = [launcher.communicate(timeout=300) for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0, 0, 0], outputs
-    assert [out.splitlines() for out, _ in outputs] == [[f"[rank{rank}] DONE {rank}"]
+    assert [own_lines(out, "DONE ") for out, _ in outputs] == [[f"[rank{rank}] DONE {rank}"]
                                                         for rank in (0, 1, 0, 1)]
 
 

@@ -6,8 +6,11 @@ import os
 import signal
 from types import SimpleNamespace
 
+import pytest
+
 from mpslaunch.run.torchrun.outcome import (RankFailure, failure_summary, from_torch, how_it_ended,
-                                            other_endings, rank_log_folder, stopped_summary)
+                                            other_endings, rank_log_folder, stopped_ranks,
+                                            stopped_summary)
 
 
 def make_logs(root, run_id: str, attempts: int, local_ranks: int = 2):
@@ -83,6 +86,25 @@ def test_summary_names_each_other_rank_as_failed_stopped_or_exited():
         "with code 7; ranks 6, 7 were stopped")
     others = other_endings(RankFailure(1, 1, 1, 3, None), {1: first}, local_ranks=2)
     assert failure_summary(first, others).endswith("; rank 0 exited with code 0")
+
+
+@pytest.mark.parametrize("torch_reports_the_stopped", [True, False], ids=["torch 2.10+", "older torch"])
+@pytest.mark.parametrize("stop_ended, words", [
+    (-signal.SIGTERM, "rank 4 was stopped"),
+    (-signal.SIGKILL, "rank 4 did not stop within --grace_period 2 s and was killed (SIGKILL)"),
+    (5, "rank 4 also failed: it exited with code 5"),
+])
+def test_the_ranks_the_launcher_stopped_are_named_from_the_stop_on_every_torch(
+        torch_reports_the_stopped, stop_ended, words):
+    """Machine 1 of 2, two ranks each: rank 5 fails; rank 4, still running, is stopped. torch
+    before 2.10 reports only rank 5 (described); the stop recorded how rank 4 ended."""
+    first = RankFailure(5, 1, 1, 3, None)
+    failures = {5: first, **({4: SimpleNamespace(exitcode=stop_ended)} if torch_reports_the_stopped else {})}
+    stopped = {0: stop_ended}  # by local rank
+    others = other_endings(first, failures, local_ranks=2, stopped=stopped)
+    assert others == {4: stop_ended}
+    summary = failure_summary(first, others, stopped_ranks(first, stopped), grace_seconds=2)
+    assert summary == f"mpslaunch: rank 5 failed first: it exited with code 3; {words}"
 
 
 def test_stopped_summary():

@@ -305,9 +305,12 @@ def main(argv: list[str]) -> int:
 
 
 def _leave_process_group(torch) -> None:
+    """Wait until every rank is done with its collectives; the process then ends at once
+    (end_now). No destroy_process_group: on torch 2.4, gloo's can wait forever for a rank that
+    has already left."""
     try:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            torch.distributed.barrier()
     except Exception:  # noqa: BLE001 - the report is already written
         pass
 

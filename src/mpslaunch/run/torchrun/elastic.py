@@ -36,7 +36,7 @@ from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VAR
 from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
                                             stopped_ranks, stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
-from mpslaunch.run.torch_internals import Elastic, graceful_stops, tune
+from mpslaunch.run.torch_internals import Elastic, graceful_stops, missing, torch_signals, tune
 
 
 class LaunchFailed(MpslaunchError):
@@ -147,18 +147,22 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
         elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args, config, entrypoint, entry_args = elastic.config(
             arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)
-        tune(config, grace_seconds, signals.torch_handles())  # not the signals nohup ignored
+        tune(config, grace_seconds)
         attempts = Attempts(plan.settings.max_restarts, _say)
         config.logs_specs = elastic.logs_specs(args, attempts.started)
+        for line in missing():
+            _say(f"mpslaunch: note: {line}")
         try:
-            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops:
+            # Not the signals the launcher was started with ignored (nohup's SIGHUP).
+            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops, \
+                    torch_signals(config, signals.torch_handles()):
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
-            others = other_endings(failure, failed.failures, plan.num_processes)
-            stopped = stopped_ranks(failed.failures, stops.stopped_pids) if stops.followed else None
+            others = other_endings(failure, failed.failures, plan.num_processes, stops.stopped)
+            stopped = stopped_ranks(failure, stops.stopped) if stops.followed else None
             summary = failure_summary(failure, others, stopped, grace_seconds,
                                       fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")))
             _say("; ".join(filter(None, [summary, attempts.counted()])))
@@ -188,7 +192,7 @@ def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> 
         _, config, _, _ = elastic.config(arguments(plan, rendezvous, str(port), logs.path),
                                          LINE_PREFIX)
         config.start_method = start_method
-        with whole_rank_lines():
+        with whole_rank_lines(), torch_signals(config):
             return dict(sorted(elastic.launch(config, function)(*args).items()))
 
 

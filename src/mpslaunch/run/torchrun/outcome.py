@@ -36,17 +36,25 @@ def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
                        str(folder) if folder else None)
 
 
-def other_endings(first: RankFailure, failures: Mapping[int, object],
-                  local_ranks: int) -> dict[int, int]:
-    """How this machine's other ranks ended: torch reports the ones that did not exit 0."""
+def other_endings(first: RankFailure, failures: Mapping[int, object], local_ranks: int,
+                  stopped: Mapping[int, int] | None = None) -> dict[int, int]:
+    """How this machine's other ranks ended: a rank the launcher stopped as the stop recorded it
+    (`stopped`: local rank -> exit code); another as torch reported it (torch before 2.10 reports
+    only the ranks that failed before the stop); a rank in neither exited 0."""
     start = first.rank - first.local_rank  # this machine's ranks are consecutive
-    return {rank: failures[rank].exitcode if rank in failures else 0
-            for rank in range(start, start + local_ranks) if rank != first.rank}
+    stopped = stopped or {}
+
+    def ending(rank: int) -> int:
+        if rank - start in stopped:
+            return stopped[rank - start]
+        return failures[rank].exitcode if rank in failures else 0
+
+    return {rank: ending(rank) for rank in range(start, start + local_ranks) if rank != first.rank}
 
 
-def stopped_ranks(failures: Mapping[int, object], stopped_pids: set[int]) -> set[int]:
-    """The ranks that were still running when the agent stopped the others (by their pids)."""
-    return {rank for rank, failure in failures.items() if failure.pid in stopped_pids}
+def stopped_ranks(first: RankFailure, stopped: Mapping[int, int]) -> set[int]:
+    """The ranks (global) of the local ranks in `stopped`, on the first failure's machine."""
+    return {first.rank - first.local_rank + local_rank for local_rank in stopped}
 
 
 def rank_log_folder(log_root: str, run_id: str, local_rank: int) -> Path | None:

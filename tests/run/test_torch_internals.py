@@ -1,0 +1,185 @@
+"""The torch internals the several-process path relies on, checked against the installed torch.
+
+Each release-dependent choice in run/torch_internals.py is tested on the torch that is installed
+(tests/compat runs these tests on the oldest, a middle and the newest release); a branch that
+does not apply to this torch is skipped, saying why, or taken with a described torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import socket
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import torch
+from torch.distributed import TCPStore
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, start_processes
+from torch.distributed.launcher.api import LaunchConfig
+
+from conftest import file_line
+from mpslaunch.run.torch_internals import (graceful_stops, libuv_takes_a_listening_socket, missing,
+                                           release, serve_store, torch_signals)
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+TORCH = torch.__version__
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+@pytest.mark.parametrize("version, known, libuv", [
+    ("2.4.1", (2, 4, 1), False),
+    ("2.7.1+cu126", (2, 7, 1), False),
+    ("2.8.0", (2, 8, 0), True),
+    ("2.14.1+cu130", (2, 14, 1), True),
+    ("2.8.0a0+git1234", None, False),  # a build from before the release may lack the fix
+    ("2.9.0.dev20250801", None, False),
+])
+def test_the_libuv_store_is_chosen_from_the_release_that_takes_a_listening_socket(version, known, libuv):
+    assert release(version) == known
+    assert libuv_takes_a_listening_socket(version) is libuv
+
+
+def listening_socket() -> tuple[int, int]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener.getsockname()[1], listener.detach()
+
+
+def test_the_store_served_on_this_torch_takes_the_launchers_socket():
+    port, descriptor = listening_socket()
+    store = serve_store("127.0.0.1", port, descriptor)
+    store.set("key", "served")
+    client = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10))
+    assert client.get("key") == b"served"
+    assert store.libuvBackend is libuv_takes_a_listening_socket(TORCH)
+
+
+def test_this_torchs_libuv_store_takes_a_listening_socket_as_the_rule_says():
+    """The fact behind the rule, on the installed release: before 2.8 the libuv store refuses."""
+    port, descriptor = listening_socket()
+    if libuv_takes_a_listening_socket(TORCH):
+        store = TCPStore("127.0.0.1", port, None, True, master_listen_fd=descriptor, use_libuv=True)
+        assert store.libuvBackend
+    else:
+        with pytest.raises(NotImplementedError, match="listen fd"):
+            TCPStore("127.0.0.1", port, None, True, master_listen_fd=descriptor, use_libuv=True)
+        socket.close(descriptor)
+
+
+def test_nothing_the_launcher_relies_on_is_missing_from_this_torch():
+    assert missing() == []
+
+
+# ---------------------------------------------------------------- real process contexts
+
+# Each rank writes <folder>/ready.<local rank>, then: "sleep" waits, "stubborn" ignores SIGTERM
+# and waits, "exit" ends at once.
+RANK = """
+import os, signal, sys, time
+rank, kind = os.environ["LOCAL_RANK"], sys.argv[2]
+if kind == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(sys.argv[1], "ready." + rank), "w").write("ready\\n")
+if kind != "exit":
+    time.sleep(60)
+"""
+
+
+@contextmanager
+def kept_handlers():
+    """torch's contexts may set handlers in this process: the test's own come back after."""
+    saved = {signum: signal.getsignal(signum) for signum in STOPPING}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def start_ranks(folder: Path, *kinds: str):
+    """A real torch process context running one Python rank per kind, as torch's agent starts them."""
+    envs = {rank: {"LOCAL_RANK": str(rank), "RANK": str(rank), "TORCHELASTIC_RUN_ID": "internals",
+                   "TORCHELASTIC_RESTART_COUNT": "0"} for rank in range(len(kinds))}
+    args = {rank: ("-c", RANK, str(folder), kind) for rank, kind in enumerate(kinds)}
+    logs = DefaultLogsSpecs(log_dir=str(folder / "logs"))
+    context = start_processes("internals", sys.executable, args, envs, logs)
+    for rank in range(len(kinds)):
+        file_line(folder / f"ready.{rank}", seconds=60)
+    return context
+
+
+def test_the_close_swap_records_how_each_stopped_rank_ended(tmp_path):
+    """Still running at the stop: rank 0 stops on SIGTERM, rank 1 ignores it and is killed when
+    the grace period ends; rank 2 had ended by itself, so it was not stopped."""
+    with kept_handlers(), torch_signals(SimpleNamespace(), ""):
+        context = start_ranks(tmp_path, "sleep", "stubborn", "exit")
+        context.subprocess_handlers[2].proc.wait(timeout=30)
+        with graceful_stops(0.5) as stops:
+            context.close()
+    assert stops.followed
+    assert stops.stopped == {0: -signal.SIGTERM, 1: -signal.SIGKILL}
+
+
+def test_a_close_without_the_expected_parameters_is_left_alone_and_named(monkeypatch):
+    """A torch whose PContext.close takes no timeout (described): no swap, and missing() says
+    what the launcher cannot keep; the launcher prints it as a note."""
+    def close(self, death_sig=None):
+        pass
+
+    monkeypatch.setattr(api.PContext, "close", close)
+    with graceful_stops(0.5) as stops:
+        assert api.PContext.close is close
+    assert not stops.followed
+    assert any("--grace_period" in line for line in missing())
+
+
+def test_without_signals_to_handle_torch_takes_only_the_signals_let_through(tmp_path):
+    """A config without signals_to_handle (torch before 2.10, described here on any release):
+    torch's own PContext.start leaves an ignored SIGHUP ignored, and sets its SIGTERM handler."""
+    with kept_handlers():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with torch_signals(SimpleNamespace(), "SIGTERM,SIGINT"):
+            context = start_ranks(tmp_path, "exit")
+        assert api.signal is signal  # the module's own again after the run
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is api._terminate_process_handler
+        context.close()
+
+
+def test_from_another_thread_torch_sets_no_handler(tmp_path):
+    """mpslaunch.launch() from a thread: torch 2.4 raises ValueError there."""
+    errors = []
+
+    def from_thread():
+        try:
+            with torch_signals(SimpleNamespace()):
+                start_ranks(tmp_path, "exit").close()
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    with kept_handlers():
+        before = {signum: signal.getsignal(signum) for signum in STOPPING}
+        worker = threading.Thread(target=from_thread)
+        worker.start()
+        worker.join()
+        assert errors == []
+        assert {signum: signal.getsignal(signum) for signum in STOPPING} == before
+
+
+def test_with_signals_to_handle_torch_is_told_which_to_take():
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2)
+    if not hasattr(config, "signals_to_handle"):
+        pytest.skip(f"torch {TORCH} has no signals_to_handle (added in 2.10): "
+                    "the swap tested above is what runs")
+    with torch_signals(config, "SIGTERM,SIGINT"):
+        assert api.signal is signal  # no swap: torch does it itself
+    assert config.signals_to_handle == "SIGTERM,SIGINT"
