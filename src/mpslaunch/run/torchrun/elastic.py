@@ -28,7 +28,7 @@ from mpslaunch.run.logdir import usable_log_dir
 from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
                                      new_run_id, rank_pids)
 from mpslaunch.run.torchrun.attempts import Attempts, following
-from mpslaunch.run.torchrun.gate import Gate
+from mpslaunch.run.torchrun.gate import Gate, agreed_terms
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
@@ -143,7 +143,9 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             _store(plan, rendezvous) as (port, store):
         if not rendezvous.local:
             Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
-                 plan.settings.rdzv_timeout, _say).wait(store)
+                 plan.settings.rdzv_timeout, _say,
+                 agreed_terms(plan.device, plan.mixed_precision, plan.num_processes,
+                              plan.num_machines)).wait(store)
         elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args, config, entrypoint, entry_args = elastic.config(
             arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)

@@ -7,16 +7,21 @@ as a C++ stack trace on every retry. So each launcher first checks in with machi
 once (signals.Stopped), --rdzv_timeout bounds it (exit 1), and either way one line names the
 machines that had not joined. Machines 1 and up first wait for machine 0's port with a plain
 socket, one line per try. A launcher for a machine rank that another launcher of the run holds
-is refused in one line (exit 2). torch's own rendezvous then finds every machine there.
+is refused in one line (exit 2). Each machine also leaves what its plan says must agree (device,
+precision, processes per machine, machines: `agreed_terms`) and, once all have joined, compares
+every machine's with machine 0's: a difference is refused in the same line on every machine
+(exit 2) before any rank starts. torch's own rendezvous then finds every machine there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Callable, Iterator
 
 from mpslaunch.output import MpslaunchError
@@ -26,6 +31,9 @@ from mpslaunch.run.torch_internals import connect_store
 from mpslaunch.run.torchrun.signals import Stopped
 
 JOINED = "mpslaunch/joined/"
+PLANNED = "mpslaunch/plan/"  # each machine's agreed_terms, as JSON
+COMPARED = "mpslaunch/compared/"  # machine 0 serves the store until every machine has compared
+COMPARE_SECONDS = 10.0
 POLL_SECONDS = 0.2
 NOTE_AFTER = (5.0, 30.0)  # the first "still waiting" line, then one this often (seconds)
 
@@ -40,7 +48,8 @@ class Gate:
     """One wait for the machines of a run, from machine `rank`'s side."""
 
     def __init__(self, rank: int, machines: int, address: str, port: int, timeout: float,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], terms: dict[str, str] | None = None):
+        self.terms = terms or {}
         self.rank, self.machines, self.where = rank, machines, endpoint(address, port)
         self.address, self.port = address, port
         self.timeout, self.say = timeout, say
@@ -53,6 +62,7 @@ class Gate:
             store = store or self._connect()
             self._check_in(store)
             self._wait_for_all(store)
+            self._compare_plans(store)
         except Stopped as stop:
             raise Stopped(stop.signum, f"mpslaunch: stopped by {stop} while waiting for the "
                                        f"other machines: {self._who()} (exit code "
@@ -72,6 +82,24 @@ class Gate:
                 f"machine rank {self.rank} is taken: another launcher ({holder.rpartition(', ')[0]}) "
                 f"joined {self.where} as machine {self.rank}; give each machine its own "
                 f"--machine_rank, from 0 to {self.machines - 1}")
+        with _native_stderr_dropped():
+            store.set(f"{PLANNED}{self.rank}", json.dumps(self.terms))
+
+    def _compare_plans(self, store) -> None:
+        """Every machine reads every plan and refuses the same first difference from machine 0's."""
+        with _native_stderr_dropped():
+            keys = [f"{PLANNED}{rank}" for rank in range(self.machines)]
+            store.wait(keys, timedelta(seconds=max(self._left(), COMPARE_SECONDS)))
+            plans = [json.loads(store.get(key)) for key in keys]
+            store.set(f"{COMPARED}{self.rank}", "1")
+        problem = plan_difference(plans)
+        if problem and self.rank == 0:  # the others read this store: keep it until they have
+            deadline = time.monotonic() + COMPARE_SECONDS
+            while time.monotonic() < deadline and not all(
+                    store.check([f"{COMPARED}{rank}"]) for rank in range(self.machines)):
+                time.sleep(POLL_SECONDS)
+        if problem:
+            raise MpslaunchError(problem)
 
     def _connect(self):
         pause = 1.0
@@ -117,6 +145,23 @@ class Gate:
 
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self.started:.0f} s"
+
+
+def agreed_terms(device: str, mixed_precision: str, processes: int, machines: int) -> dict[str, str]:
+    """What every machine of a run must plan alike (docs/several-machines.md)."""
+    return {"device": device, "mixed precision": mixed_precision,
+            "processes per machine": str(processes), "machines": str(machines)}
+
+
+def plan_difference(plans: list[dict[str, str]]) -> str | None:
+    """The first way a machine's plan differs from machine 0's, as a one-line refusal."""
+    for rank, plan in enumerate(plans[1:], start=1):
+        for term, value in plans[0].items():
+            if plan.get(term) != value:
+                return (f"the machines' plans differ: machine {rank} plans {term} {plan.get(term)}, "
+                        f"machine 0 plans {value}; give every machine the same device, "
+                        "--mixed_precision, --num_processes and --num_machines")
+    return None
 
 
 @contextmanager
