@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
@@ -24,7 +23,7 @@ from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
-from mpslaunch.run.logdir import usable_log_dir
+from mpslaunch.run.logdir import keep_failed, temporary_log_dir, usable_log_dir
 from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
                                      new_run_id, rank_pids)
 from mpslaunch.run.torchrun.attempts import Attempts, following
@@ -254,11 +253,13 @@ class _LogFolder:
 
     def __enter__(self) -> "_LogFolder":
         self.path = (str(usable_log_dir(self.given)) if self.given
-                     else tempfile.mkdtemp(prefix="mpslaunch-logs-"))
+                     else temporary_log_dir())
         return self
 
     def __exit__(self, *_exc) -> None:
-        if not self.given and not self.keep:
+        if not self.given and self.keep:
+            keep_failed(self.path)
+        elif not self.given:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
