@@ -142,6 +142,7 @@ def test_machine_0_refuses_a_main_address_that_is_not_its_own(tmp_path):
      "machine 1 plans mixed precision no, machine 0 plans bf16"),
     (["--num_processes", "2"], ["--num_processes", "1"],
      "machine 1 plans processes per machine 1, machine 0 plans 2"),
+    ([], ["--num_machines", "3"], "machine 1 plans machines 3, machine 0 plans 2"),
 ])
 def test_machines_with_different_plans_are_refused_on_every_machine(tmp_path, start, machine_0,
                                                                       machine_1, difference):
@@ -162,6 +163,7 @@ def test_the_first_difference_from_machine_0_is_named():
     from mpslaunch.run.torchrun.gate import agreed_terms, plan_difference
 
     same = agreed_terms("cpu", "bf16", 2, 3)
-    assert plan_difference([same, same, same]) is None
+    assert plan_difference({0: same, 1: same, 2: same}) is None
+    assert plan_difference({1: agreed_terms("cuda", "bf16", 2, 3)}) is None  # machine 0 not yet
     assert "machine 2 plans device cuda, machine 0 plans cpu" in plan_difference(
-        [same, same, agreed_terms("cuda", "bf16", 2, 3)])
+        {2: agreed_terms("cuda", "bf16", 2, 3), 0: same, 1: same})

@@ -8,9 +8,9 @@ once (signals.Stopped), --rdzv_timeout bounds it (exit 1), and either way one li
 machines that had not joined. Machines 1 and up first wait for machine 0's port with a plain
 socket, one line per try. A launcher for a machine rank that another launcher of the run holds
 is refused in one line (exit 2). Each machine also leaves what its plan says must agree (device,
-precision, processes per machine, machines: `agreed_terms`) and, once all have joined, compares
-every machine's with machine 0's: a difference is refused in the same line on every machine
-(exit 2) before any rank starts. torch's own rendezvous then finds every machine there.
+precision, processes per machine, machines: `agreed_terms`) and, while it waits, compares
+every machine's with machine 0's: a difference is refused in one line on every machine (exit 2)
+before any rank starts. torch's own rendezvous then finds every machine there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Callable, Iterator
 
 from mpslaunch.output import MpslaunchError
@@ -62,7 +61,6 @@ class Gate:
             store = store or self._connect()
             self._check_in(store)
             self._wait_for_all(store)
-            self._compare_plans(store)
         except Stopped as stop:
             raise Stopped(stop.signum, f"mpslaunch: stopped by {stop} while waiting for the "
                                        f"other machines: {self._who()} (exit code "
@@ -85,21 +83,24 @@ class Gate:
         with _native_stderr_dropped():
             store.set(f"{PLANNED}{self.rank}", json.dumps(self.terms))
 
-    def _compare_plans(self, store) -> None:
-        """Every machine reads every plan and refuses the same first difference from machine 0's."""
+    def _plans(self, store) -> dict[int, dict[str, str]]:
+        """The plans the machines that have joined so far left, by machine rank."""
         with _native_stderr_dropped():
-            keys = [f"{PLANNED}{rank}" for rank in range(self.machines)]
-            store.wait(keys, timedelta(seconds=max(self._left(), COMPARE_SECONDS)))
-            plans = [json.loads(store.get(key)) for key in keys]
+            return {rank: json.loads(store.get(f"{PLANNED}{rank}")) for rank in range(self.machines)
+                    if store.check([f"{PLANNED}{rank}"])}
+
+    def _refuse(self, store, problem: str, plans: dict[int, dict[str, str]]) -> None:
+        """Say `problem` on this machine; machine 0, whose store the others read, waits (briefly)
+        until every machine that left a plan has compared it too."""
+        with _native_stderr_dropped():
             store.set(f"{COMPARED}{self.rank}", "1")
-        problem = plan_difference(plans)
-        if problem and self.rank == 0:  # the others read this store: keep it until they have
-            deadline = time.monotonic() + COMPARE_SECONDS
-            while time.monotonic() < deadline and not all(
-                    store.check([f"{COMPARED}{rank}"]) for rank in range(self.machines)):
-                time.sleep(POLL_SECONDS)
-        if problem:
-            raise MpslaunchError(problem)
+        deadline = time.monotonic() + COMPARE_SECONDS
+        while self.rank == 0 and time.monotonic() < deadline:
+            with _native_stderr_dropped():
+                if all(store.check([f"{COMPARED}{rank}"]) for rank in plans):
+                    break
+            time.sleep(POLL_SECONDS)
+        raise MpslaunchError(problem)
 
     def _connect(self):
         pause = 1.0
@@ -120,7 +121,11 @@ class Gate:
             with _native_stderr_dropped():
                 self.missing = [rank for rank in range(self.machines)
                                 if not store.check([f"{JOINED}{rank}"])]
-            if not self.missing:
+            plans = self._plans(store)
+            problem = plan_difference(plans)
+            if problem:
+                self._refuse(store, problem, plans)
+            if not self.missing and len(plans) == self.machines:
                 return
             self._give_up_if_late()
             if time.monotonic() >= next_note:
@@ -153,10 +158,11 @@ def agreed_terms(device: str, mixed_precision: str, processes: int, machines: in
             "processes per machine": str(processes), "machines": str(machines)}
 
 
-def plan_difference(plans: list[dict[str, str]]) -> str | None:
+def plan_difference(plans: dict[int, dict[str, str]]) -> str | None:
     """The first way a machine's plan differs from machine 0's, as a one-line refusal."""
-    for rank, plan in enumerate(plans[1:], start=1):
-        for term, value in plans[0].items():
+    main = plans.get(0)
+    for rank, plan in sorted(plans.items()) if main else ():
+        for term, value in main.items():
             if plan.get(term) != value:
                 return (f"the machines' plans differ: machine {rank} plans {term} {plan.get(term)}, "
                         f"machine 0 plans {value}; give every machine the same device, "
