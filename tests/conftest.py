@@ -67,6 +67,18 @@ def isolated_cache_dir(tmp_path_factory, monkeypatch) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def isolated_temporary_dir(tmp_path_factory, monkeypatch) -> Path:
+    """Launches write their temporary folders (a failed run's logs) under the test's own
+    folders, which pytest removes, and never in the shared /tmp."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120,
             config_dir: Path | None = None, python_options: tuple[str, ...] = (),
             **kwargs) -> subprocess.CompletedProcess:

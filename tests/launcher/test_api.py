@@ -138,3 +138,47 @@ def test_the_api_refuses_what_the_cli_refuses_in_the_same_words(tmp_path, option
     assert cli.startswith(f"mpslaunch: error: {caught.value} (see `mpslaunch launch --help`)")
     assert str(caught.value).startswith(f"--{option} ")
     assert not (tmp_path / "train.py.ran").exists()
+
+
+def precision_seen(until: threading.Event):
+    """The plan's precision at the start, and again once `until` is set or 3 s have passed:
+    another thread's launch in between must not change what this call sees."""
+    first = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    until.wait(3)
+    for _ in range(100):  # a leak shows within a second
+        if os.environ.get("ACCELERATE_MIXED_PRECISION") != first:
+            break
+        threading.Event().wait(0.01)
+    return first, os.environ.get("ACCELERATE_MIXED_PRECISION")
+
+
+def test_two_threads_each_get_their_own_plan_and_leave_the_environment_as_it_was():
+    before = dict(os.environ)
+    second_called, first_returned, results = threading.Event(), threading.Event(), {}
+
+    def first():
+        results["bf16"] = mpslaunch.launch(precision_seen, second_called, cpu=True,
+                                           mixed_precision="bf16", quiet=True)
+        first_returned.set()
+
+    def second():
+        second_called.set()
+        results["no"] = mpslaunch.launch(precision_seen, first_returned, cpu=True,
+                                         mixed_precision="no", quiet=True)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads[0].start()
+    while "ACCELERATE_MIXED_PRECISION" not in os.environ and threads[0].is_alive():
+        threading.Event().wait(0.01)  # the first call is inside its function
+    threads[1].start()
+    for thread in threads:
+        thread.join()
+    assert results == {"bf16": ("bf16", "bf16"), "no": ("no", "no")}
+    assert dict(os.environ) == before
+
+
+def test_several_processes_leave_the_callers_environment_as_it_was():
+    before = dict(os.environ)
+    assert mpslaunch.launch(seen_by_the_function, "MPSLAUNCH_DEVICE", 1, cpu=True,
+                            num_processes=2, quiet=True) == {0: ("cpu", 2), 1: ("cpu", 2)}
+    assert dict(os.environ) == before

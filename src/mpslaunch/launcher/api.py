@@ -8,6 +8,9 @@ back), or in several processes through torch's elastic_launch (a dict of each ra
 value, by rank). Those start with fork, as Accelerate's notebook_launcher does, so a function
 defined in a notebook works; start_method="spawn" starts fresh interpreters instead (the function
 must then be importable from a .py file).
+
+A launch reads and sets this process's environment, so calls from several threads run one at a
+time: each gets its own plan and its own end line, and the caller's os.environ is left as it was.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 
 from mpslaunch import output
 from mpslaunch.launcher.prepare import announce, prepare
@@ -24,12 +28,19 @@ from mpslaunch.run import execute
 from mpslaunch.settings import REQUEST_OPTIONS, LaunchRequest
 
 OPTIONS = tuple(option.name for option in REQUEST_OPTIONS)
+_ONE_AT_A_TIME = threading.RLock()  # reentrant: a function run here may launch again
 
 
 def launch(target, *args, profile: str | None = None, config_file: str | None = None,
            quiet: bool = False, start_method: str = "fork", **options):
     """Run a script (a path) or a function with the plan `mpslaunch launch` would make here."""
     _check_options(options)
+    with _ONE_AT_A_TIME:
+        return _launch(target, args, profile, config_file, quiet, start_method, options)
+
+
+def _launch(target, args: tuple, profile: str | None, config_file: str | None, quiet: bool,
+            start_method: str, options: dict):
     function = target if callable(target) else None
     name = getattr(function, "__qualname__", "function") if function else os.fspath(target)
     request = LaunchRequest(name, () if function else tuple(map(str, args)), **options)

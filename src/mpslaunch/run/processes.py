@@ -249,14 +249,15 @@ def children() -> list[tuple[int, int]]:
 
 @contextmanager
 def environment(env: Mapping[str, str]) -> Iterator[None]:
-    """The ranks (or a function run in this process) see `env`: put it in os.environ for the run."""
-    saved = {key: os.environ.get(key) for key in env}
+    """The ranks (or a function run in this process) see `env`: put it in os.environ for the run,
+    then leave os.environ exactly as it was (torch's launcher adds variables of its own too)."""
+    saved = dict(os.environ)
     os.environ.update(env)
     try:
         yield
     finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
         for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
+            if os.environ.get(key) != value:
                 os.environ[key] = value

@@ -161,10 +161,33 @@ def _parse(text: str, path: Path) -> yaml.MappingNode:
     if not isinstance(document, yaml.MappingNode):
         raise MpslaunchError(f"{path}, line {document.start_mark.line + 1}: a profile is a "
                              "mapping of keys to values (key: value), not a list or a single value")
+    _check_aliases(document, len(text), path)
     for key_node, _ in document.value:
         if not isinstance(key_node, yaml.ScalarNode):
             raise MpslaunchError(f"{path}, line {key_node.start_mark.line + 1}: keys must be plain names")
     return document
+
+
+def _check_aliases(document: yaml.Node, text_size: int, path: Path) -> None:
+    """Refuse a document whose aliases name far more items than its text holds: a few hundred
+    bytes of anchors can name billions, and every later walk over the values would take forever."""
+    import yaml
+
+    limit = 1_000 + 10 * text_size
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:  # items once every alias is expanded, each node counted once
+        if id(node) not in sizes:
+            sizes[id(node)] = limit + 1  # a node that contains itself never ends
+            children = (node.value if isinstance(node, yaml.SequenceNode) else
+                        [part for pair in node.value for part in pair]
+                        if isinstance(node, yaml.MappingNode) else [])
+            sizes[id(node)] = min(limit + 1, 1 + sum(size(child) for child in children))
+        return sizes[id(node)]
+
+    if size(document) > limit:
+        raise MpslaunchError(f"{path}: its YAML aliases (*name) repeat anchors into more than "
+                             f"{limit:,} items, far more than a profile holds; write the values out")
 
 
 def _construct(node: yaml.Node, path: Path) -> object:

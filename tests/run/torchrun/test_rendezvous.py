@@ -135,3 +135,35 @@ def test_machine_0_refuses_a_main_address_that_is_not_its_own(tmp_path):
     # interface: this computer's name may stand for the loopback, test_machines.py).
     assert run_cli(*args[:-1], "--main_process_ip_via_nat", "--dry-run", str(script),
                    env={"GLOO_SOCKET_IFNAME": "lo"}).returncode == 0
+
+
+@pytest.mark.parametrize("machine_0, machine_1, difference", [
+    (["--mixed_precision", "bf16"], ["--mixed_precision", "no"],
+     "machine 1 plans mixed precision no, machine 0 plans bf16"),
+    (["--num_processes", "2"], ["--num_processes", "1"],
+     "machine 1 plans processes per machine 1, machine 0 plans 2"),
+    ([], ["--num_machines", "3"], "machine 1 plans machines 3, machine 0 plans 2"),
+])
+def test_machines_with_different_plans_are_refused_on_every_machine(tmp_path, start, machine_0,
+                                                                      machine_1, difference):
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    port = free_port()
+    launchers = [start(machine(0, port, script, *machine_0)), start(machine(1, port, script, *machine_1))]
+    for launcher in launchers:
+        _, stderr = launcher.communicate(timeout=120)
+        assert launcher.returncode == 2, stderr[-2000:]
+        assert "Traceback" not in stderr, stderr[-2000:]
+        assert stderr.strip().splitlines()[-1] == (  # after machine 1's "cannot be reached yet"
+            f"mpslaunch: error: the machines' plans differ: {difference}; give every machine the "
+            "same device, --mixed_precision, --num_processes and --num_machines")
+    assert not (tmp_path / "never.py.ran").exists()
+
+
+def test_the_first_difference_from_machine_0_is_named():
+    from mpslaunch.run.torchrun.gate import agreed_terms, plan_difference
+
+    same = agreed_terms("cpu", "bf16", 2, 3)
+    assert plan_difference({0: same, 1: same, 2: same}) is None
+    assert plan_difference({1: agreed_terms("cuda", "bf16", 2, 3)}) is None  # machine 0 not yet
+    assert "machine 2 plans device cuda, machine 0 plans cpu" in plan_difference(
+        {2: agreed_terms("cuda", "bf16", 2, 3), 0: same, 1: same})

@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
@@ -24,11 +23,11 @@ from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
-from mpslaunch.run.logdir import usable_log_dir
+from mpslaunch.run.logdir import keep_failed, temporary_log_dir, usable_log_dir
 from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
                                      new_run_id, rank_pids)
 from mpslaunch.run.torchrun.attempts import Attempts, following
-from mpslaunch.run.torchrun.gate import Gate
+from mpslaunch.run.torchrun.gate import Gate, agreed_terms
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
@@ -143,7 +142,9 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             _store(plan, rendezvous) as (port, store):
         if not rendezvous.local:
             Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
-                 plan.settings.rdzv_timeout, _say).wait(store)
+                 plan.settings.rdzv_timeout, _say,
+                 agreed_terms(plan.device, plan.mixed_precision, plan.num_processes,
+                              plan.num_machines)).wait(store)
         elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args, config, entrypoint, entry_args = elastic.config(
             arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)
@@ -256,11 +257,13 @@ class _LogFolder:
 
     def __enter__(self) -> "_LogFolder":
         self.path = (str(usable_log_dir(self.given)) if self.given
-                     else tempfile.mkdtemp(prefix="mpslaunch-logs-"))
+                     else temporary_log_dir())
         return self
 
     def __exit__(self, *_exc) -> None:
-        if not self.given and not self.keep:
+        if not self.given and self.keep:
+            keep_failed(self.path)
+        elif not self.given:
             shutil.rmtree(self.path, ignore_errors=True)
 
 

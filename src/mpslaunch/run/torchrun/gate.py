@@ -7,11 +7,15 @@ as a C++ stack trace on every retry. So each launcher first checks in with machi
 once (signals.Stopped), --rdzv_timeout bounds it (exit 1), and either way one line names the
 machines that had not joined. Machines 1 and up first wait for machine 0's port with a plain
 socket, one line per try. A launcher for a machine rank that another launcher of the run holds
-is refused in one line (exit 2). torch's own rendezvous then finds every machine there.
+is refused in one line (exit 2). Each machine also leaves what its plan says must agree (device,
+precision, processes per machine, machines: `agreed_terms`) and, while it waits, compares
+every machine's with machine 0's: a difference is refused in one line on every machine (exit 2)
+before any rank starts. torch's own rendezvous then finds every machine there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -26,6 +30,9 @@ from mpslaunch.run.torch_internals import connect_store
 from mpslaunch.run.torchrun.signals import Stopped
 
 JOINED = "mpslaunch/joined/"
+PLANNED = "mpslaunch/plan/"  # each machine's agreed_terms, as JSON
+COMPARED = "mpslaunch/compared/"  # machine 0 serves the store until every machine has compared
+COMPARE_SECONDS = 10.0
 POLL_SECONDS = 0.2
 NOTE_AFTER = (5.0, 30.0)  # the first "still waiting" line, then one this often (seconds)
 
@@ -40,7 +47,8 @@ class Gate:
     """One wait for the machines of a run, from machine `rank`'s side."""
 
     def __init__(self, rank: int, machines: int, address: str, port: int, timeout: float,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], terms: dict[str, str] | None = None):
+        self.terms = terms or {}
         self.rank, self.machines, self.where = rank, machines, endpoint(address, port)
         self.address, self.port = address, port
         self.timeout, self.say = timeout, say
@@ -72,6 +80,27 @@ class Gate:
                 f"machine rank {self.rank} is taken: another launcher ({holder.rpartition(', ')[0]}) "
                 f"joined {self.where} as machine {self.rank}; give each machine its own "
                 f"--machine_rank, from 0 to {self.machines - 1}")
+        with _native_stderr_dropped():
+            store.set(f"{PLANNED}{self.rank}", json.dumps(self.terms))
+
+    def _plans(self, store) -> dict[int, dict[str, str]]:
+        """The plans the machines that have joined so far left, by machine rank."""
+        with _native_stderr_dropped():
+            return {rank: json.loads(store.get(f"{PLANNED}{rank}")) for rank in range(self.machines)
+                    if store.check([f"{PLANNED}{rank}"])}
+
+    def _refuse(self, store, problem: str, plans: dict[int, dict[str, str]]) -> None:
+        """Say `problem` on this machine; machine 0, whose store the others read, waits (briefly)
+        until every machine that left a plan has compared it too."""
+        with _native_stderr_dropped():
+            store.set(f"{COMPARED}{self.rank}", "1")
+        deadline = time.monotonic() + COMPARE_SECONDS
+        while self.rank == 0 and time.monotonic() < deadline:
+            with _native_stderr_dropped():
+                if all(store.check([f"{COMPARED}{rank}"]) for rank in plans):
+                    break
+            time.sleep(POLL_SECONDS)
+        raise MpslaunchError(problem)
 
     def _connect(self):
         pause = 1.0
@@ -92,7 +121,11 @@ class Gate:
             with _native_stderr_dropped():
                 self.missing = [rank for rank in range(self.machines)
                                 if not store.check([f"{JOINED}{rank}"])]
-            if not self.missing:
+            plans = self._plans(store)
+            problem = plan_difference(plans)
+            if problem:
+                self._refuse(store, problem, plans)
+            if not self.missing and len(plans) == self.machines:
                 return
             self._give_up_if_late()
             if time.monotonic() >= next_note:
@@ -117,6 +150,24 @@ class Gate:
 
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self.started:.0f} s"
+
+
+def agreed_terms(device: str, mixed_precision: str, processes: int, machines: int) -> dict[str, str]:
+    """What every machine of a run must plan alike (docs/several-machines.md)."""
+    return {"device": device, "mixed precision": mixed_precision,
+            "processes per machine": str(processes), "machines": str(machines)}
+
+
+def plan_difference(plans: dict[int, dict[str, str]]) -> str | None:
+    """The first way a machine's plan differs from machine 0's, as a one-line refusal."""
+    main = plans.get(0)
+    for rank, plan in sorted(plans.items()) if main else ():
+        for term, value in main.items():
+            if plan.get(term) != value:
+                return (f"the machines' plans differ: machine {rank} plans {term} {plan.get(term)}, "
+                        f"machine 0 plans {value}; give every machine the same device, "
+                        "--mixed_precision, --num_processes and --num_machines")
+    return None
 
 
 @contextmanager
