@@ -48,9 +48,9 @@ FAULTS = (
     KnownFault(
         name="m1-m2-large-k-matmul",
         warning=("on an M1 or M2 GPU with torch {torch}, matrix products over a reduction "
-                 "dimension of 32,767 or more (a language model's output layer, say) can be silently "
-                 "wrong by 10-30% (pytorch/pytorch#193487, #177116, fixed for 2-D products in "
-                 "torch 2.14); upgrade torch to 2.14 or later"),
+                 "dimension of 32,767 or more (a language model's output layer, say) can be "
+                 "silently wrong by 10-30% (pytorch/pytorch#193487, #177116, fixed for 2-D "
+                 "products in torch 2.14); upgrade torch to 2.14 or later"),
         sources=("pytorch/pytorch#193487", "pytorch/pytorch#177116", "pytorch/pytorch#183535",
                  "torch 2.14.0 release notes"),
         torch_from=(2, 7),
