@@ -69,5 +69,6 @@ def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple
         try:
             yield run
         finally:
+            run.clock.stop()
             watcher.stop()
 

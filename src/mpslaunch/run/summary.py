@@ -120,11 +120,19 @@ def end_line(elapsed: float, code: int, largest: int | None, total: int | None,
 
 
 class Clock:
+    """The run's time: from the start until stop() (the script's end), not until the end line
+    is printed, after the clean-up."""
+
     def __init__(self):
         self.started = time.monotonic()
+        self.stopped: float | None = None
+
+    def stop(self) -> None:
+        if self.stopped is None:
+            self.stopped = time.monotonic()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return (self.stopped or time.monotonic()) - self.started
 
 
 def _duration(seconds: float) -> str:
