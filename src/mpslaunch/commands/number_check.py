@@ -61,7 +61,7 @@ def trace(torch, net, inputs, labels, device, precision: str) -> list[tuple[str,
     """(name, tensor on the CPU in float64) for every tensor of STEPS steps of plain SGD."""
     optimizer = torch.optim.SGD(net.parameters(), lr=LEARNING_RATE)
     mixed = precision != "no"
-    scaler = _grad_scaler(torch, device.type) if precision == "fp16" else None
+    scaler = grad_scaler(torch, device.type) if precision == "fp16" else None
     recorded = []
 
     def keep(name, tensor):
@@ -139,7 +139,7 @@ def _dtype(torch, precision: str):
     return {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
 
 
-def _grad_scaler(torch, device_type: str):
+def grad_scaler(torch, device_type: str):
     amp_scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if amp_scaler is not None:
         return amp_scaler(device_type)
