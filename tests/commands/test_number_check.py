@@ -63,3 +63,20 @@ def test_within_tolerance_passes_and_reports_the_largest_error():
     assert result.ok and result.largest_error == pytest.approx(5e-5, rel=1e-3)
     assert set(result.figures()) >= {"device", "dtype", "tolerance", "tensors", "largest_error",
                                      "largest_at", "first_mismatch"}
+
+
+def test_tf32_matrix_products_where_allowed_on_cuda_get_their_own_tolerance():
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert number_check._computed_in(torch, torch.device("cuda"), "no") == "tf32"
+        assert number_check._computed_in(torch, torch.device("cuda"), "bf16") == "bf16"
+        assert number_check._computed_in(torch, CPU, "no") == "no"
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert number_check._computed_in(torch, torch.device("cuda"), "no") == "no"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    reference = reference_trace()
+    measured = [(name, tensor * (1 + 5e-4)) for name, tensor in reference]  # TF32's rounding
+    assert judge(torch, "cuda:0", "tf32", reference, measured).ok
+    assert not judge(torch, "cuda:0", "no", reference, measured).ok

@@ -19,9 +19,11 @@ WIDE = 2**15  # the first layer's inputs: its matrix product sums over this many
 BATCH = 16
 LEARNING_RATE = 1.0  # large enough that each step moves every weight by a visible amount
 # The largest error allowed, relative to the reference tensor's largest magnitude: float32 keeps
-# about 7 digits, float16 about 3, bfloat16 about 2 (and mixed precision rounds each product).
-TOLERANCE = {"no": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
-DTYPE_NAME = {"no": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# about 7 digits, float16 and TF32 (float32 matrix products on tensor cores, where the user
+# allowed them) about 3, bfloat16 about 2; mixed precision rounds each product.
+TOLERANCE = {"no": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
+DTYPE_NAME = {"no": "float32", "tf32": "float32 with TF32 matrix products", "fp16": "float16",
+              "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,15 @@ def compare(torch, device, precision: str) -> Comparison:
     reference = trace(torch, reference_net, inputs, labels, torch.device("cpu"), "no")
     measured = trace(torch, device_net, inputs.to(device, torch.float32), labels.to(device),
                      device, precision)
-    return judge(torch, str(device), precision, reference, measured)
+    return judge(torch, str(device), _computed_in(torch, device, precision), reference, measured)
+
+
+def _computed_in(torch, device, precision: str) -> str:
+    """What sets the tolerance: the mixed precision, else TF32 where this process allows it on
+    cuda (torch.backends.cuda.matmul.allow_tf32, TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1)."""
+    if precision == "no" and device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return precision
 
 
 def judge(torch, device: str, precision: str, reference, measured) -> Comparison:
