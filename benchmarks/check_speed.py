@@ -179,12 +179,14 @@ def median_ms(action, runs: int) -> tuple[float, float]:
 def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
     import ast
 
-    from mpslaunch.check import Target, cache, check_script
+    from mpslaunch.check import Target, cache, check_script, check_sources
+    from mpslaunch.check.reading import read_sources
 
     target = Target("mps", 1, "Darwin")
     text = script.read_text()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-cache-"))
-    cache.save(script, target, check_script(script, target, whole=False), folder)
+    sources = read_sources(script, whole=False)
+    cache.save(script, target, sources, check_sources(sources, target), folder)
     times = {
         "ast.parse alone": median_ms(lambda: ast.parse(text), runs),
         "mpslaunch check (whole file)": median_ms(lambda: check_script(script, target), runs),

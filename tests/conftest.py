@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.torch_check import MpsAnswer
+from mpslaunch.machine import MpsAnswer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,6 +141,31 @@ def small_disk(folder: Path, size: str):
         yield folder
     finally:
         subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
+
+
+# Accelerate's own config writers, for the tests of its files (settings/ and commands/).
+
+
+def basic_config(folder: Path, mixed_precision: str = "no", monkeypatch=None) -> Path:
+    """`accelerate config default` as it runs on a Mac: Accelerate looks only for CUDA (and other
+    non-Apple accelerators), finds none, and writes use_cpu: true."""
+    import torch
+    from accelerate.commands.config.default import write_basic_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = folder / "default_config.yaml"
+    write_basic_config(mixed_precision=mixed_precision, save_location=str(path))
+    return path
+
+
+def cluster_config(path: Path, distributed_type: str, as_json: bool = False, **fields) -> Path:
+    """What `accelerate config` writes after its questions (ClusterConfig's own writer)."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    settings = {"mixed_precision": "no", "use_cpu": False, "debug": False, **fields}
+    config = ClusterConfig(compute_environment="LOCAL_MACHINE", distributed_type=distributed_type, **settings)
+    config.to_json_file(path) if as_json else config.to_yaml_file(path)
+    return path
 
 
 FOOTPRINT = 8_482_560_409  # 7.90 GB: what the stand-in libproc below reports by default in tests

@@ -12,13 +12,12 @@ import codecs
 
 import pytest
 
-from conftest import MACHINES, run_cli, write_script
-from mpslaunch import profile_files
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import RDZV_TIMEOUT_MAX, LaunchRequest
+from conftest import MACHINES, one_line_error, run_cli, write_script
+from mpslaunch.settings import profile_files
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import RDZV_TIMEOUT_MAX, LaunchRequest
 from mpslaunch.plan import resolve
-from mpslaunch.profile import Profile
-from test_cli import one_line_error
+from mpslaunch.settings import Profile
 
 
 @pytest.mark.parametrize("command, option", [("launch", "--cpu"), ("bench", "--cpu"),

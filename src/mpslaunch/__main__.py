@@ -1,5 +1,5 @@
 import sys
 
-from mpslaunch.cli import main
+from mpslaunch.commands import main
 
 sys.exit(main())

@@ -1,7 +1,19 @@
-"""The launcher's own lines: `mpslaunch: ` first, on stderr, so that stdout stays the script's."""
+"""What the launcher itself says, and where: its one error type, its own lines, its streams.
+
+Every refusal is an MpslaunchError: a full sentence that says what to do, printed by the command
+line on one line, exit code 2. The launcher's own lines start with `mpslaunch: ` and go to
+stderr, so that stdout stays the script's.
+
+The standard streams are made safe for runs under cron, a daemon or a full disk. A standard
+descriptor closed at start (`>&-`, `2>&-`) is opened on /dev/null: no file or socket the
+launcher opens can take its number, a child inherits an empty stream rather than a closed one,
+and Python's None for that stream becomes a stream on /dev/null. A stderr that cannot be written
+(`2>/dev/full`, a reader that went away) drops the launcher's lines instead of stopping it.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
 PREFIX = "mpslaunch: "
@@ -25,7 +37,7 @@ def note(text: str, quiet: bool = False) -> None:
 
 def say(text: str, quiet: bool = False, stream=None) -> None:
     """A line of the launcher's own, flushed before the child writes anything; dropped when
-    there is no stderr or it cannot be written (streams.py)."""
+    there is no stderr or it cannot be written (DroppingStream)."""
     target = stream or sys.stderr
     if quiet or target is None:  # print(file=None) would write to stdout, the script's data
         return
@@ -33,3 +45,74 @@ def say(text: str, quiet: bool = False, stream=None) -> None:
         print(PREFIX + text, file=target, flush=True)
     except (OSError, ValueError):
         pass
+
+
+# ---------------------------------------------------------------- the one error type
+
+
+class MpslaunchError(Exception):
+    """A usage, profile or device error. The CLI prints it on one line and exits 2."""
+
+    exit_code = 2
+
+
+def error_line(error: BaseException) -> str:
+    """`Type: first line of its message`: torch's errors run to many lines, ours are one."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+# ---------------------------------------------------------------- the standard streams
+
+
+_STANDARD = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+
+
+def guard_standard_streams() -> None:
+    """For the command-line program, once, before anything is printed or opened."""
+    for descriptor, name, mode in _STANDARD:
+        if not _is_open(descriptor):
+            _open_devnull_at(descriptor)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(descriptor, mode, closefd=False))
+    if not isinstance(sys.stderr, DroppingStream):
+        sys.stderr = DroppingStream(sys.stderr)
+
+
+class DroppingStream:
+    """A text stream that drops what its target cannot take; everything else is the target's."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def write(self, text: str) -> int:
+        try:
+            return self.target.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.target.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.target, name)  # fileno, buffer, isatty, encoding, ...
+
+
+def _is_open(descriptor: int) -> bool:
+    try:
+        os.fstat(descriptor)
+    except OSError:
+        return False
+    return True
+
+
+def _open_devnull_at(descriptor: int) -> None:
+    opened = os.open(os.devnull, os.O_RDWR)
+    if opened != descriptor:
+        os.dup2(opened, descriptor)  # inheritable, as a standard descriptor must be
+        os.close(opened)
+    else:
+        os.set_inheritable(descriptor, True)

@@ -22,7 +22,7 @@ from mpslaunch.bench.report import (
     CSV_COLUMNS, DOES_NOT_FIT, FAILED, OK, Result, crossovers, format_table, speedups,
 )
 from mpslaunch.bench.timing import Timing
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from conftest import MACHINES, run_cli
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
@@ -411,7 +411,7 @@ def test_cli_cpu_run_prints_the_table_without_config_only_packages(tmp_path):
 STUCK_IN_AN_OP = """
 import sys, torch
 import mpslaunch.bench.measure as measure
-from mpslaunch.cli import main
+from mpslaunch.commands import main
 real, calls = measure.measure, []
 def stuck_on_the_second(*args):
     calls.append(args)

@@ -147,7 +147,8 @@ def test_launch_leaves_a_broken_script_and_modules_to_python(tmp_path):
 # tests/commands/test_described_mac.py does; everything else is real.
 ON_A_MAC = """
 import os, sys
-from mpslaunch import cli, machine
+from mpslaunch import commands as cli
+from mpslaunch.machine import facts as machine
 os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
 machine._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "24F74",
                                 "machdep.cpu.brand_string": "Apple M4 Max", "kern.hv_vmm_present": "0"}
@@ -175,10 +176,10 @@ def test_launch_keeps_the_findings_until_a_file_changes(tmp_path, isolated_cache
                 if line.startswith("mpslaunch: warning: ")]
 
     assert warnings() == [["train.py", "4"]]
-    cache = isolated_cache_dir / "script-checks.json"
-    assert "train.py" in cache.read_text()
+    [entry] = (isolated_cache_dir / "script-checks").iterdir()  # one small file per script and plan
+    assert "train.py" in entry.read_text()
     assert warnings() == [["train.py", "4"]]  # read back
     write_script(tmp_path, "helpers.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2).cuda()\n")
     assert warnings() == [["train.py", "4"], ["helpers.py", "5"]]  # a local module changed
-    cache.write_text("{not json")
+    entry.write_text("{not json")
     assert warnings() == [["train.py", "4"], ["helpers.py", "5"]]  # a damaged cache: checked again

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import run_cli, write_script
-from mpslaunch import cli
+from mpslaunch import commands as cli
 
 
 def launch_parser():

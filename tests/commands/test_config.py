@@ -21,10 +21,10 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from mpslaunch.commands import config as configure
-from mpslaunch import profile_files
+from mpslaunch.settings import profile_files
 from conftest import MACHINES, run_cli, wait_for
 from mpslaunch.machine import Machine, probe
-from mpslaunch.profile import Profile
+from mpslaunch.settings import Profile
 
 M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M2",
              torch_version="2.14.1", cpu_count=8, python="/usr/bin/python3")

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import run_cli, write_script
-from mpslaunch import torch_check
+from mpslaunch.machine import torch_check
 from mpslaunch.machine import probe
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux")
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="needs a torch w
 # Runs the CLI with the platform facts of a Mac; argv[1] is sysctl's answers as JSON.
 ON_A_MAC = """
 import json, os, sys
-from mpslaunch import cli, machine
+from mpslaunch import commands as cli
+from mpslaunch.machine import facts as machine
 sysctls = json.loads(sys.argv[1])
 os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
 machine._mac_sysctls = lambda: sysctls
@@ -129,4 +130,4 @@ def test_on_linux_nothing_is_asked_or_kept(tmp_path, isolated_cache_dir):
     assert planned.returncode == 0 and "mps check" not in planned.stdout and planned.stderr == ""
     assert run_cli("env").returncode == 0
     # no mps verdict; only the findings of the check launch ran on the script (mpslaunch check)
-    assert [path.name for path in isolated_cache_dir.iterdir()] == ["script-checks.json"]
+    assert [path.name for path in isolated_cache_dir.iterdir()] == ["script-checks"]

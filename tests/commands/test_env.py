@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from mpslaunch.commands import env as envreport
-from mpslaunch import profile_files
+from mpslaunch.settings import profile_files
 from mpslaunch.machine import Machine, probe
-from mpslaunch.profile import Profile
+from mpslaunch.settings import Profile
 
 M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M2",
              torch_version="2.14.1", cpu_count=8, python=sys.executable)
@@ -20,7 +20,7 @@ M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M
 
 def test_cli_prints_one_fenced_block_without_importing_torch(tmp_path):
     profile_files.save(Profile(mixed_precision="bf16"), tmp_path / "default.yaml")
-    code = ("import sys; from mpslaunch.cli import main; code = main(sys.argv[1:]); "
+    code = ("import sys; from mpslaunch.commands import main; code = main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'the launcher process imported torch'; sys.exit(code)")
     env = {**os.environ, "MPSLAUNCH_CONFIG_DIR": str(tmp_path), "OMP_NUM_THREADS": "3",
            "MPSLAUNCH_SECRET_TOKEN": "hunter2"}

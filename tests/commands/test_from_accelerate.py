@@ -12,12 +12,12 @@ from prompt_toolkit.application import create_app_session
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import MACHINES, run_cli, write_script
-from mpslaunch import cli, machine as machine_probe, profile_files
+from conftest import MACHINES, basic_config, cluster_config, run_cli, write_script
+from mpslaunch import commands as cli, machine as machine_probe
+from mpslaunch.settings import profile_files
 from mpslaunch.commands import config as configure
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.profile import Profile
-from test_accelerate_config import basic_config, cluster_config
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import Profile
 
 REPORT = """
 import json, os

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import file_line, one_line_error, run_cli, wait_for, write_script
-from mpslaunch import profile_files
-from mpslaunch.profile import Profile
+from mpslaunch.settings import profile_files
+from mpslaunch.settings import Profile
 
 REPORT_ENV = """
 import json, os, sys
@@ -134,7 +134,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
 
 def test_single_process_path_does_not_import_torch(tmp_path):
     script = write_script(tmp_path, "noop.py", "pass")
-    probe = ("import sys; from mpslaunch.cli import main; "
+    probe = ("import sys; from mpslaunch.commands import main; "
              f"code = main(['launch', '--cpu', '-q', {str(script)!r}]); "
              "print('torch' in sys.modules, code)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import MACHINES, run_cli, write_script
-from mpslaunch.options import LaunchRequest
+from mpslaunch.settings import LaunchRequest
 from mpslaunch.plan import resolve
-from mpslaunch.profile import Profile
+from mpslaunch.settings import Profile
 
 LEFT_BY_TORCHRUN = {"WORLD_SIZE": "3", "RANK": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mpslaunch.commands import number_check
-from mpslaunch.commands.number_check import TOLERANCE, compare, describe, judge
+from mpslaunch.commands.test import number_check
+from mpslaunch.commands.test.number_check import TOLERANCE, compare, describe, judge
 
 CPU = torch.device("cpu")
 

@@ -16,12 +16,13 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from conftest import MACHINES
-from mpslaunch import profile_files
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.settings import profile_files
+from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
-from mpslaunch.plan import LaunchRequest, resolve
-from mpslaunch.profile import Profile
-from mpslaunch.commands.questions import (ask_profile, device_in_use, device_offer, precision_offer,
+from mpslaunch.plan import resolve
+from mpslaunch.settings import LaunchRequest
+from mpslaunch.settings import Profile
+from mpslaunch.commands.config.questions import (ask_profile, device_in_use, device_offer, precision_offer,
                                      process_counts, several_machines_possible)
 
 ENTER, DOWN, CTRL_C, BACKSPACE = "\r", "\x1b[B", "\x03", "\x7f"
@@ -225,7 +226,7 @@ def test_ctrl_c_and_end_of_input_stop_the_questions():
 
 
 def test_importing_the_module_does_not_import_questionary():
-    code = ("import sys, mpslaunch.commands.questions, mpslaunch.commands.config; "
+    code = ("import sys, mpslaunch.commands.config.questions, mpslaunch.commands.config; "
             "print(sorted(m for m in ('questionary', 'prompt_toolkit', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import MACHINES, run_cli
 from mpslaunch.commands import test as selftest
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.commands.test import CHECK_SCRIPT, Outcome, collect, format_outcomes
 
 

@@ -1,7 +1,7 @@
 """Faults and bad input, single process: what the launcher promises still holds when things break.
 
 Complements tests/commands/test_launch.py (signals recorded by the child, exit codes, grace-period
-kill, one-line CLI errors) and tests/test_profile.py (malformed profiles, atomic writes,
+kill, one-line CLI errors) and tests/settings/test_profile.py (malformed profiles, atomic writes,
 hypothesis). Here: every process of a run is found by a marker in its environment (so a helper
 the script started cannot hide), the launcher is also driven in-process (so its own leaks —
 file descriptors, temp files, zombies, signal handlers — are visible), profile writers are
@@ -31,9 +31,9 @@ from hypothesis import given, settings, strategies as st
 
 import conftest
 from conftest import file_line, refusal_of, run_cli, wait_for, write_script
-from mpslaunch import profile_files
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.profile import Profile
+from mpslaunch.settings import profile_files
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import Profile
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
 
@@ -278,7 +278,7 @@ def test_a_crashing_script_looks_the_same_with_and_without_the_launcher(tmp_path
 IN_PROCESS = """
 import json, os, signal, subprocess, sys, threading
 import psutil
-from mpslaunch import cli
+from mpslaunch import commands as cli
 
 config = json.loads(sys.argv[1])
 names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -358,8 +358,8 @@ def test_after_a_signal_the_launcher_process_is_as_it_was(tmp_path, marker, sign
 WRITER = """
 import os, random, stat, sys, time
 from pathlib import Path
-from mpslaunch import profile_files
-from mpslaunch.profile import Profile
+from mpslaunch.settings import profile_files
+from mpslaunch.settings import Profile
 path, how = Path(sys.argv[1]), sys.argv[2]
 real_fsync = os.fsync
 def slow_fsync(descriptor):
@@ -440,8 +440,8 @@ def test_the_kill_harness_catches_a_non_atomic_writer(tmp_path):
 FILE_SIZE_LIMIT = """
 import os, resource, signal, sys
 from pathlib import Path
-from mpslaunch import profile_files
-from mpslaunch.profile import Profile
+from mpslaunch.settings import profile_files
+from mpslaunch.settings import Profile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so write() fails with EFBIG instead of killing us
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
@@ -526,7 +526,7 @@ def test_huge_values_are_not_quoted_whole(tmp_path, text):
     "!!python/object/new:os.system ['touch {marker}']",
     "!!python/name:os.system",
     "!!python/module:os",
-    "!!python/object:mpslaunch.profile.Profile {{device: cpu}}",
+    "!!python/object:mpslaunch.settings.profile.Profile {{device: cpu}}",
     "!!python/tuple [a, b]",
     "!!binary aGVsbG8=",
     "!!set {{cpu: null}}",

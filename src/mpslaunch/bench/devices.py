@@ -10,7 +10,7 @@ import gc
 
 import torch
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine, available_memory, cpu_brand
 from mpslaunch.plan import precision_refusal
 

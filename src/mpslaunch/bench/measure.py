@@ -10,7 +10,7 @@ from __future__ import annotations
 from mpslaunch.bench import devices, workloads
 from mpslaunch.bench.report import DOES_NOT_FIT, FAILED, OK, Result
 from mpslaunch.bench.timing import time_op
-from mpslaunch.errors import error_line
+from mpslaunch.output import error_line
 
 # Leave headroom: the allocator, the framework and the rest of the system need some too.
 USABLE_FRACTION = 0.9

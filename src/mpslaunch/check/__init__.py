@@ -14,6 +14,10 @@ from pathlib import Path
 from mpslaunch.check.report import Finding, Report, ordered
 from mpslaunch.check.target import Target, described_target
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
+if TYPE_CHECKING:
+    from mpslaunch.check.reading import Sources
+
 __all__ = ["Finding", "Report", "Target", "check_script", "described_target"]
 
 
@@ -21,17 +25,28 @@ def check_script(path: Path, target: Target, whole: bool = True) -> Report:
     """The findings for `target`. `whole=False` (launch) parses only the functions and classes
     a rule can be about, and leaves syntax errors elsewhere to Python; the findings are the same.
     Raises ScriptError (reading.py) for a script that cannot be read."""
-    from mpslaunch.check.reading import ScriptError, read_sources
+    from mpslaunch.check.reading import read_sources
+
+    return check_sources(read_sources(path, whole), target)
+
+
+def check_sources(sources: Sources, target: Target) -> Report:
+    """The findings for `target` in sources already read."""
+    from mpslaunch.check.reading import TOO_DEEP, Unchecked
     from mpslaunch.check.rules import Rules
     from mpslaunch.check.scan import prepare, scan
 
-    sources = read_sources(path, whole)
-    project = prepare(sources.files)
-    rules = Rules(target, project)
     try:
+        project = prepare(sources.files)
+        rules = Rules(target, project)
         scan(project, rules)
-    except RecursionError:  # an expression nested thousands deep (generated code)
-        raise ScriptError(f"{sources.files[0].shown} nests expressions too deeply to check; "
-                          "check the script by hand, or run it with `mpslaunch launch --no_check`") from None
+    except (RecursionError, MemoryError):  # an expression nested thousands deep (generated code)
+        raise Unchecked(sources.files[0].shown, TOO_DEEP) from None
+    findings = rules.findings
+    script = sources.files[0]
+    if script.cells is not None:
+        from mpslaunch.check.notebook import in_cells
+
+        findings = in_cells(findings, script.shown, script.cells)
     return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
-                  ordered(rules.findings))
+                  ordered(findings))

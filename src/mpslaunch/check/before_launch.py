@@ -1,5 +1,7 @@
 """The check `mpslaunch launch` runs first: the findings for its plan as warnings, at most five,
-then the command that shows them all. Kept findings are read back when no file changed."""
+then the command that shows them all. Kept findings are read back while the files read are
+unchanged. A script the check cannot read is named in one warning and still runs; Ctrl-C
+during the check stops the launch before anything runs."""
 
 from __future__ import annotations
 
@@ -8,36 +10,67 @@ import shlex
 from pathlib import Path
 
 from mpslaunch import output
-from mpslaunch.check import cache, check_script
-from mpslaunch.check.report import launch_warnings
+from mpslaunch.check import cache, check_sources
 from mpslaunch.check.target import Target
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.torch_check import cache_dir
+from mpslaunch.output import MpslaunchError
+from mpslaunch.machine import cache_dir
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
-    from mpslaunch.options import LaunchRequest
+    from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import LaunchPlan
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
+
+class Interrupted(MpslaunchError):
+    exit_code = EXIT_INTERRUPTED
 
 
 def warn(request: LaunchRequest, plan: LaunchPlan) -> None:
     """What `launch` runs first, for a .py script: the main findings as warnings on stderr. A
-    script that cannot be read is left to Python, which says why when it starts."""
+    script with a problem Python reports itself (a syntax error) is left to Python."""
     if request.module or request.no_python or not request.target.endswith(".py"):
         return
     script = Path(request.target)
     target = Target(plan.device, plan.world_size, os.uname().sysname)  # the plan is this machine's
-    folder = cache_dir()
-    report = cache.read(script, target, folder)
-    if report is None:
-        try:
-            report = check_script(script, target, whole=False)
-        except MpslaunchError:
-            return
-        cache.save(script, target, report, folder)
+    try:
+        kept = _findings(script, target, cache_dir())
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while checking {request.target}; nothing ran") from None
+    except MpslaunchError as error:
+        _not_checked(error)
+        return
     command = ["mpslaunch", "check", *_plan_options(request, plan), request.target]
-    for line in launch_warnings(report, shlex.join(command)):
+    for line in _warnings(kept, shlex.join(command)):
         output.warning(line)
+
+
+def _findings(script: Path, target: Target, folder: Path) -> cache.Kept:
+    kept = cache.read(script, target, folder)
+    if kept is None:
+        from mpslaunch.check.reading import read_sources
+
+        sources = read_sources(script, whole=False)
+        kept = cache.save(script, target, sources, check_sources(sources, target), folder)
+    return kept
+
+
+def _not_checked(error: MpslaunchError) -> None:
+    """One warning for a script Python may run but the check cannot read."""
+    from mpslaunch.check.reading import Unchecked  # already imported: the check ran
+
+    if isinstance(error, Unchecked):
+        output.warning(f"{error.shown} was not checked: {error.reason}")
+
+
+def _warnings(kept: cache.Kept, command: str) -> list[str]:
+    """The first findings, and the command that shows them all."""
+    lines = [finding.line_text() for finding in kept.findings]
+    rest = kept.count - len(kept.findings)
+    if rest > 0:
+        lines.append(f"{rest} more: {command}")
+    return lines
 
 
 def _plan_options(request: LaunchRequest, plan: LaunchPlan) -> list[str]:

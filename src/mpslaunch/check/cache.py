@@ -1,70 +1,144 @@
-"""The findings of launch's check, kept per script and plan until one of the files changes.
+"""The findings of launch's check, kept per script and plan while what the check read is unchanged.
 
 A script is launched again and again unchanged; the second launch then reads its findings
-instead of parsing it. An entry holds each file's size and modification time; any difference,
-or a damaged cache file, means a fresh check. A cache that cannot be written costs only a
-check next time.
+instead of parsing it. Each script and plan keeps a small entry of its own, so a launch reads
+only its own and concurrent launches never rewrite each other's. An entry holds the digest of
+every file read (the content decides, not the size and the time), the module files that were
+looked for and missing (one added later means a fresh check), and the first findings, the
+ones launch shows, with their count. A damaged entry means a fresh check that rewrites it; an
+entry that cannot be written costs only a check next time and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from mpslaunch import __version__
 from mpslaunch.check.report import Finding, Report
 from mpslaunch.check.target import Target
+from mpslaunch.launcher.targets import current_folder, open_regular
 
-CACHE_FILE = "script-checks.json"
-_ENTRIES = 64
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
+if TYPE_CHECKING:
+    from mpslaunch.check.reading import Sources
+
+ENTRIES = "script-checks"  # the folder of entries, in the cache folder
+SHOWN = 5  # the findings launch shows; the others are only counted
+MOST_ENTRIES = 256  # past this, the entries written longest ago go
+MOST_BYTES = 4_000_000  # more than the check reads of a file: a file that grew past it changed
+
+
+@dataclass(frozen=True)
+class Kept:
+    findings: tuple[Finding, ...]  # the first SHOWN, in the report's order
+    count: int  # all of them
 
 
 def key(script: Path, target: Target) -> str:
-    return f"{__version__} | {os.getcwd()} | {script.resolve()} | {target}"
+    """Findings name files relative to the working folder, so it is part of the key."""
+    return f"{__version__} | {current_folder()} | {os.path.realpath(script)} | {target}"
 
 
-def read(script: Path, target: Target, folder: Path) -> Report | None:
-    entry = _entries(folder).get(key(script, target))
+def read(script: Path, target: Target, folder: Path) -> Kept | None:
+    """The kept findings, or None when there are none, a file read changed or the entry is damaged."""
+    wanted = key(script, target)
     try:
-        if not entry or any(_stamp(Path(path)) != stamp for path, stamp in entry["stamps"]):
+        with open(open_regular(folder / ENTRIES / _name(wanted)), "rb") as file:
+            entry = json.loads(file.read())
+        if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"]):
             return None
-        return Report(target, tuple(entry["files"]), tuple(entry["skipped"]),
-                      tuple(Finding(**finding) for finding in entry["findings"]))
-    except (TypeError, KeyError, ValueError, OSError):
-        return None  # an entry of another shape: checked again, then rewritten
+        findings = tuple(_finding(item) for item in entry["findings"])
+        count = entry["count"]
+        if type(count) is not int or not len(findings) <= count or len(findings) > SHOWN:
+            return None
+        return Kept(findings, count)
+    except (TypeError, KeyError, ValueError, AttributeError, OSError):
+        return None  # no entry, or one of another shape: checked again, then rewritten
 
 
-def save(script: Path, target: Target, report: Report, folder: Path) -> None:
+def save(script: Path, target: Target, sources: Sources, report: Report, folder: Path) -> Kept:
+    """Keep the findings of `report`, made from `sources`; returns what is kept."""
+    kept = Kept(report.findings[:SHOWN], len(report.findings))
+    entry = {"key": key(script, target),
+             "read": [[os.path.realpath(source.path), source.digest] for source in sources.files],
+             "absent": list(sources.absent),
+             "findings": [asdict(finding) for finding in kept.findings], "count": kept.count}
+    entries = folder / ENTRIES
     try:
-        stamps = [[str(path.resolve()), _stamp(path)] for path in _paths(script, report)]
-        entries = {name: value for name, value in _entries(folder).items() if name != key(script, target)}
-        entries[key(script, target)] = {"stamps": stamps, "files": list(report.files),
-                                        "skipped": list(report.skipped),
-                                        "findings": [asdict(finding) for finding in report.findings]}
-        kept = dict(list(entries.items())[-_ENTRIES:])
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f".{CACHE_FILE}.{os.getpid()}.tmp"
-        partial.write_text(json.dumps(kept), encoding="utf-8")
-        os.replace(partial, folder / CACHE_FILE)  # readers see the old file or the new one
+        entries.mkdir(parents=True, exist_ok=True)
+        _write(entries / _name(entry["key"]), json.dumps(entry))
+        _prune(entries)
     except OSError:
-        pass
+        pass  # a full disk, a read-only cache: checked again next time
+    return kept
 
 
-def _paths(script: Path, report: Report) -> list[Path]:
-    """The files read: the script, and the modules named relative to where the check ran."""
-    return [script, *(Path(shown) for shown in report.files[1:])]
+def digest(data: bytes) -> str:
+    try:  # hashlib's own BLAKE2, without hashlib loading OpenSSL (milliseconds at every launch)
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    return blake2b(data, digest_size=16).hexdigest()
 
 
-def _stamp(path: Path) -> list[int]:
-    status = path.stat()
-    return [status.st_size, status.st_mtime_ns]
+def _name(wanted: str) -> str:
+    return digest(wanted.encode("utf-8", "surrogateescape")) + ".json"
 
 
-def _entries(folder: Path) -> dict:
+def _unchanged(read: list, absent: list) -> bool:
+    for path, expected in read:
+        try:
+            with open(open_regular(path), "rb") as file:
+                if digest(file.read(MOST_BYTES)) != expected:
+                    return False
+        except OSError:
+            return False
+    # a folder ends with a separator; a module file that appeared changes what is read
+    return not any((os.path.isdir if path.endswith(os.sep) else os.path.isfile)(path) for path in absent)
+
+
+_TEXT = ("file", "rule", "message", "fix")
+
+
+def _finding(item: dict) -> Finding:
+    """A kept finding, checked field by field: a damaged one raises ValueError."""
+    if set(item) != {field.name for field in fields(Finding)}:
+        raise ValueError("another shape")
+    if (any(type(item[name]) is not str for name in _TEXT) or type(item["line"]) is not int
+            or type(item["breaks"]) is not bool
+            or any(not isinstance(value, (str, type(None))) for name, value in item.items()
+                   if name not in (*_TEXT, "line", "breaks"))):
+        raise ValueError("a damaged finding")
+    return Finding(**item)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write through a temporary file, removed whatever happens (a full disk, Ctrl-C): readers
+    see the old entry or the new one."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        entries = json.loads((folder / CACHE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _prune(entries: Path) -> None:
+    """At most MOST_ENTRIES entries, and no temporary file left by a process that was killed."""
+    now = time.time()
+    kept = []
+    for path in entries.iterdir():
+        try:
+            modified = path.stat().st_mtime
+            if path.name.endswith(".tmp") and now - modified > 600:
+                path.unlink(missing_ok=True)
+            elif path.name.endswith(".json"):
+                kept.append((modified, path))
+        except OSError:
+            continue  # removed meanwhile by another launch
+    for _, path in sorted(kept)[:-MOST_ENTRIES]:
+        path.unlink(missing_ok=True)

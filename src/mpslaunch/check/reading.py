@@ -1,9 +1,12 @@
 """Reading a script and the modules it imports from its own folder, as syntax trees.
 
-Nothing is imported or run: each file is read as bytes, decoded (UTF-8 unless its coding line
-says otherwise), and parsed with `ast`. The script's own problems (missing, unreadable, not
-text, a syntax error, too big) are ScriptErrors; a module it imports with such a problem is
-only skipped, since Python would stop at it with its own message.
+Nothing is imported or run: each file is opened only when it is a regular file (targets.py),
+read as bytes, decoded (UTF-8 unless its coding line says otherwise), and parsed with `ast`; a
+notebook's code cells are read as one script (notebook.py). The script's own problems (missing,
+unreadable, not text, a syntax error, too big) are ScriptErrors; a module it imports with such a
+problem is only skipped, since Python would stop at it with its own message. Past MAX_FILES, the
+modules still imported are named as not read. What was read (each file's digest) and which
+module files were looked for and missing are kept with the sources, for the kept findings.
 """
 
 from __future__ import annotations
@@ -17,17 +20,33 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from mpslaunch.check import cache
 from mpslaunch.check.selection import (has_main_guard_text, import_lines, selected_source,
                                       wanted_lines)
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
+from mpslaunch.launcher.targets import current_folder, open_regular, unreadable
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from mpslaunch.check.notebook import NotebookCode
 
 # A training script is a few thousand lines; past this, parsing alone would cost seconds.
 MAX_FILE_BYTES = 2_000_000
+MAX_NOTEBOOK_BYTES = 50_000_000  # mostly the outputs (images) kept in it, which are not parsed
 MAX_FILES = 60  # the script and the local modules it imports, in import order
+TOO_DEEP = "it nests expressions too deeply for the check to read; check it by hand"
 
 
 class ScriptError(MpslaunchError):
     """The script cannot be checked: bad input, exit code 2."""
+
+
+class Unchecked(ScriptError):
+    """A script Python may run but the check cannot read: `launch` says so, then runs it."""
+
+    def __init__(self, shown: str, reason: str):
+        super().__init__(f"{shown} cannot be checked: {reason}")
+        self.shown, self.reason = shown, reason
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +58,8 @@ class SourceFile:
     is_script: bool  # run as __main__; an imported module's main block does not run
     wanted_lines: list[int]  # the lines a rule can be about (selection.py)
     left_out: tuple[str, ...] = ()  # names of the module-level definitions not parsed
+    digest: str = ""  # of the bytes read
+    cells: NotebookCode | None = None  # a notebook's: which cell each line of `text` is from
 
     @cached_property
     def imports(self) -> tuple[ast.stmt, ...]:
@@ -51,7 +72,8 @@ class SourceFile:
 @dataclass(frozen=True)
 class Sources:
     files: tuple[SourceFile, ...]
-    skipped: tuple[str, ...]  # one line per local module that could not be read
+    skipped: tuple[str, ...]  # one line per local module, or notebook cell, that was not read
+    absent: tuple[str, ...] = ()  # module files looked for and missing (a folder ends with /)
 
 
 def read_sources(script: Path, whole: bool = True) -> Sources:
@@ -59,33 +81,51 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
     launch, where speed counts and Python reports syntax errors itself) only in the parts a
     rule can be about."""
     first = _source(script, True, whole)
-    files, skipped, seen = [first], [], {script.resolve()}
-    folder = script.resolve().parent
+    files, seen, absent = [first], {_real(script)}, set()
+    skipped = list(first.cells.left_out) if first.cells else []
+    folder = Path(_real(script)).parent
     index = 0
-    while index < len(files) and len(files) < MAX_FILES:
-        for path in local_imports(files[index], folder):
-            if path.resolve() in seen or len(files) >= MAX_FILES:
+    while index < len(files):
+        for path in local_imports(files[index], folder, absent):
+            if _real(path) in seen:
                 continue
-            seen.add(path.resolve())
+            seen.add(_real(path))
+            if len(files) >= MAX_FILES:
+                skipped.append(f"{_shown(path)}: not read (the check reads the script and at most "
+                               f"{MAX_FILES - 1} of the local modules it imports)")
+                continue
             try:
                 files.append(_source(path, False, whole))
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
-    return Sources(tuple(files), tuple(skipped))
+    return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
+
+
+def _real(path: Path) -> str:
+    return os.path.realpath(path)  # never raises, even on a symlink loop
 
 
 def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
-    text = _decode(path, _read_bytes(path))
+    notebook = is_script and path.suffix == ".ipynb"
+    data = _read_bytes(path, MAX_NOTEBOOK_BYTES if notebook else MAX_FILE_BYTES)
+    digest = cache.digest(data)  # what the kept findings are checked against
+    if notebook:
+        from mpslaunch.check.notebook import notebook_code  # only for a notebook
+
+        cells = notebook_code(_shown(path), data, ScriptError)
+        return SourceFile(path, _shown(path), cells.text, parse(path, cells.text), is_script,
+                          wanted_lines(cells.text), digest=digest, cells=cells)
+    text = _decode(path, data)
     wanted = wanted_lines(text)
     if not whole and (has_main_guard_text(text) or not is_script):
         selected, left_out = selected_source(text, wanted)
         try:
             tree = ast.parse(selected, filename=str(path))
-            return SourceFile(path, _shown(path), text, tree, is_script, wanted, tuple(left_out))
-        except (SyntaxError, ValueError, RecursionError):
+            return SourceFile(path, _shown(path), text, tree, is_script, wanted, tuple(left_out), digest)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # a split inside a string: read it whole
-    return SourceFile(path, _shown(path), text, parse(path, text), is_script, wanted)
+    return SourceFile(path, _shown(path), text, parse(path, text), is_script, wanted, digest=digest)
 
 
 def parse(path: Path, text: str) -> ast.Module:
@@ -94,28 +134,26 @@ def parse(path: Path, text: str) -> ast.Module:
     except SyntaxError as error:
         raise ScriptError(f"{_shown(path)}:{error.lineno or 1}: syntax error: {error.msg}; "
                           "fix it (python -m py_compile shows the same)") from None
-    except (ValueError, RecursionError) as error:  # a null byte; absurdly deep nesting
+    except (RecursionError, MemoryError):  # Python's parser gives up on such nesting too
+        raise Unchecked(_shown(path), "it nests expressions too deeply for Python's parser; "
+                        "split the expression") from None
+    except ValueError as error:  # a null byte
         raise ScriptError(f"{_shown(path)} cannot be parsed as Python ({error}); "
                           "give the training script, a .py file") from None
 
 
-def _read_bytes(path: Path) -> bytes:
-    if path.is_dir():
-        raise ScriptError(f"{_shown(path)} is a folder; give the training script, a .py file")
+def _read_bytes(path: Path, most: int) -> bytes:
+    """The file's bytes, at most `most`; never opens what is not a regular file."""
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ScriptError(f"{_shown(path)} is {size / 1e6:.1f} MB, too big to check (a "
-                              f"training script is far smaller; the check reads at most "
-                              f"{MAX_FILE_BYTES // 1_000_000} MB); give the script itself")
-        with open(path, "rb") as file:
-            return file.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise ScriptError(f"no script at {_shown(path)} (looked in {Path.cwd()}); "
-                          "check the path") from None
+        with open(open_regular(path), "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > most:
+                raise Unchecked(_shown(path), f"it is {size / 1e6:.1f} MB, too big to check (the "
+                                f"check reads at most {most // 1_000_000} MB; a training script is "
+                                "far smaller)")
+            return file.read(most + 1)
     except OSError as error:
-        raise ScriptError(f"cannot read {_shown(path)} ({error.strerror}); check its "
-                          "permissions") from None
+        raise ScriptError(unreadable(_shown(path), error)) from None
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -131,42 +169,48 @@ def _decode(path: Path, data: bytes) -> str:
                           "script, not a binary file") from None
 
 
-def local_imports(source: SourceFile, folder: Path) -> list[Path]:
+def local_imports(source: SourceFile, folder: Path, absent: set[str]) -> list[Path]:
     """Files of the modules `source` imports that live in the script's folder (sys.path[0]
-    when it runs), or relative to the module's own package."""
+    when it runs), or relative to the module's own package; `absent` gains the files and
+    folders looked for that are not there."""
     found = []
     for node in source.imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                found += _module_files(folder, alias.name.split("."))
+                found += _module_files(folder, alias.name.split("."), absent)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = source.path.resolve().parent
+                base = Path(_real(source.path)).parent
                 for _ in range(node.level - 1):
                     base = base.parent
             else:
                 base = folder
             parts = node.module.split(".") if node.module else []
-            found += _module_files(base, parts)
+            found += _module_files(base, parts, absent)
             for alias in node.names:  # `from package import module`
-                found += _module_files(base, [*parts, alias.name])
+                found += _module_files(base, [*parts, alias.name], absent)
     return found
 
 
-def _module_files(base: Path, parts: list[str]) -> list[Path]:
+def _module_files(base: Path, parts: list[str], absent: set[str]) -> list[Path]:
     """The files `import a.b.c` runs from under base: each package's __init__.py, then the
     module; none when the first part is not there (the module is installed, not local)."""
     files, here = [], base
     for part in parts:
-        package, module = here / part / "__init__.py", here / f"{part}.py"
-        if package.is_file():  # Python looks for a package before a module of the same name
+        package, module, folder = here / part / "__init__.py", here / f"{part}.py", here / part
+        if os.path.isfile(package):  # Python looks for a package before a module of the same name
             files.append(package)
-        elif module.is_file():
+            here = folder
+            continue
+        absent.add(str(package))
+        if os.path.isfile(module):
             files.append(module)
             break
-        elif not (here / part).is_dir():
+        absent.add(str(module))
+        if not os.path.isdir(folder):
+            absent.add(str(folder) + os.sep)
             break
-        here = here / part
+        here = folder
     return files
 
 
@@ -185,9 +229,7 @@ def statements(body: list[ast.stmt], lines: list[int]):
 
 def _shown(path: Path) -> str:
     """The path relative to the current folder when it is below it, else as given."""
-    try:
-        if path.resolve().is_relative_to(Path.cwd().resolve()):
-            return os.path.relpath(path)
-    except (OSError, ValueError):  # a vanished folder; another drive on Windows
-        pass
+    here = current_folder()
+    if here and Path(_real(path)).is_relative_to(_real(Path(here))):
+        return os.path.relpath(path)
     return str(path)

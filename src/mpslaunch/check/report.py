@@ -46,6 +46,8 @@ def as_text(report: Report) -> str:
     else:
         lines.append(f"nothing found for {report.target.describe()} in {len(report.files)} "
                      f"file{'s' if len(report.files) > 1 else ''}")
+    if report.skipped:  # the summary must not read as if everything was looked at
+        lines[-1] += f"; {len(report.skipped)} not checked (above)"
     return "\n".join(lines)
 
 
@@ -57,12 +59,3 @@ def as_json(report: Report) -> str:
     return json.dumps({"plan": target, "files": list(report.files), "skipped": list(report.skipped),
                        "findings": [asdict(finding) for finding in report.findings]}, indent=2)
 
-
-def launch_warnings(report: Report, command: str, most: int = 5) -> list[str]:
-    """What `launch` prints before the run: the first findings, and the command that shows
-    them all."""
-    lines = [finding.line_text() for finding in report.findings[:most]]
-    rest = len(report.findings) - most
-    if rest > 0:
-        lines.append(f"{rest} more: {command}")
-    return lines

@@ -1,1 +1,198 @@
-"""The commands: one module per `mpslaunch` command, each with add_arguments(parser) and main(args)."""
+"""The command line: the table of commands, the parser, and `main`, which hands the parsed
+command line to the chosen command's module (one module or package per command here).
+
+Each command module offers HELP (its --help text), add_arguments(parser) and main(args) -> int.
+Only the chosen command's module is imported, and none imports torch or questionary at the top,
+so `launch` starts fast. An MpslaunchError becomes one line on stderr and its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from mpslaunch import __version__, output
+from mpslaunch.output import MpslaunchError, guard_standard_streams
+
+HELP = """\
+Launch PyTorch training on your own machine: mps on Apple silicon, cuda on NVIDIA
+GPUs, cpu otherwise. Scripts written for Hugging Face Accelerate run unchanged.
+
+examples:
+  mpslaunch config --default        write the default profile
+  mpslaunch launch train.py         run train.py on the device this machine should use
+  mpslaunch env                     print the facts a bug report needs
+"""
+EPILOG = "Run `mpslaunch COMMAND --help` for a command's options and examples."
+
+# name -> (module, one-line help). Only the chosen command's module is imported.
+COMMANDS = {
+    "config": ("mpslaunch.commands.config", "write a profile (questionnaire or --default), or show one"),
+    "launch": ("mpslaunch.commands.launch", "run a training script on the device this machine should use"),
+    "env": ("mpslaunch.commands.env", "print a block of facts to paste into a bug report"),
+    "bench": ("mpslaunch.commands.bench", "measure whether the accelerator beats the CPU for your sizes"),
+    "test": ("mpslaunch.commands.test", "check, through the real launch path, that the plan works here"),
+    "check": ("mpslaunch.commands.check", "read a script (never run it) for what will break it on this plan"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with the nearest known option and where to look)
+    and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, "exit_on_error": False,
+                                   "formatter_class": HelpFormatter, **kwargs})
+
+    def parse_known_args(self, args=None, namespace=None):
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as problem:
+            self.error(_wording(problem))
+
+    def error(self, message: str):
+        output.error(f"{message}{self.nearest_options(message)} (see `{self.prog} --help`)")
+        sys.exit(2)
+
+    def nearest_options(self, message: str) -> str:
+        """' (did you mean --mixed_precision?)' for the unknown options in an argparse message."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        words = [word.split("=", 1)[0] for word in message.split(": ", 1)[1].split()
+                 if word.startswith("--")]
+        # An option of this command that it did not take was given before the command's name.
+        misplaced = [word for word in words if word in self._option_string_actions]
+        if misplaced:
+            names, one = " ".join(misplaced), len(misplaced) == 1
+            return (f" ({names} {'is an option' if one else 'are options'} of `{self.prog}`: "
+                    f"give {'it' if one else 'them'} after `{self.prog.split()[-1]}`, as in "
+                    f"`{self.prog} {names} ...`)")
+        found = [_nearest(word, self._option_string_actions) for word in words]
+        found = list(dict.fromkeys(name for name in found if name))
+        return f" (did you mean {' or '.join(found)}?)" if found else ""
+
+
+def _wording(problem: argparse.ArgumentError) -> str:
+    """A value the option table refused reads `--name why` (the table's words); argparse's own
+    problems name the option by its one shown spelling."""
+    if problem.argument_name is None:
+        return problem.message
+    names = problem.argument_name.split("/")
+    if problem.message.startswith(tuple(f"{name} " for name in names)):
+        return problem.message
+    return f"argument {names[0]}: {problem.message}"
+
+
+def _nearest(word: str, options) -> str | None:
+    """The known option `word` most likely means: the one it abbreviates, else the closest
+    spelling (dash and underscore spellings count as one option)."""
+    import difflib  # only on a usage error
+
+    def plain(name: str) -> str:
+        return name.lstrip("-").replace("-", "_")
+
+    spellings = {}
+    for name in options:  # the underscore spelling first (settings/flags.py adds it first)
+        if name.startswith("--"):
+            spellings.setdefault(plain(name), name)
+    wanted = plain(word)
+    started = [key for key in spellings if key.startswith(wanted)]
+    if len(started) == 1:
+        return spellings[started[0]]
+    close = difflib.get_close_matches(wanted, started or spellings, n=1, cutoff=0 if started else 0.6)
+    return spellings[close[0]] if close else None
+
+
+def build_parser(command: str | None) -> OneLineParser:
+    description, examples = _split_help(HELP)
+    parser = OneLineParser(prog="mpslaunch", description=description,
+                           epilog=f"{examples}\n\n{EPILOG}")
+    parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
+    # prog given: argparse would otherwise build a help formatter (and import shutil) to find it.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                     prog="mpslaunch")
+    if command in COMMANDS:
+        # Only the chosen command: building a parser per command costs time on every launch.
+        module_name, help_text = COMMANDS[command]
+        module = importlib.import_module(module_name)
+        description, examples = _split_help(module.HELP)
+        sub = commands.add_parser(command, help=help_text, description=description, epilog=examples)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.main)
+        parser.command_parser = sub
+        return parser
+    for name, (_, help_text) in COMMANDS.items():  # for `mpslaunch --help` and unknown commands
+        commands.add_parser(name, help=help_text, description=help_text)
+    return parser
+
+
+def _split_help(text: str) -> tuple[str, str]:
+    """A HELP text's description, and its examples block, which --help shows after the options."""
+    description, marker, examples = text.partition("\nexamples:\n")
+    return description.strip(), (marker.strip() + "\n" + examples.rstrip()) if marker else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the program itself, not a caller in its own process
+        guard_standard_streams()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((word for word in argv if not word.startswith("-")), None)
+    parser = build_parser(command)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own parser names the nearest option and its own --help
+        getattr(parser, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.handler(args)
+    except MpslaunchError as error:
+        output.error(str(error))
+        return error.exit_code
+    except BrokenPipeError:
+        return 0  # `mpslaunch env | head` closed the pipe early: not an error
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help for people: one spelling per option (the dash form of an underscore option is
+    accepted but not shown), and a one-line usage: `PROG [options] POSITIONALS`."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None):
+        # argparse makes a formatter for every add_argument; its own width lookup imports shutil.
+        super().__init__(prog, indent_increment, max_help_position,
+                         width if width is not None else _terminal_columns() - 2)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        shown = [name for name in action.option_strings if not _hidden_alias(name, action)]
+        if not shown or action.nargs == 0:
+            return ", ".join(shown) or super()._format_action_invocation(action)
+        value = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return ", ".join(shown) + " " + value
+
+    def _format_usage(self, usage, actions, groups, prefix) -> str:
+        if usage is None:
+            positionals = [action for action in actions if not action.option_strings]
+            words = self._format_actions_usage(positionals, groups).strip()
+            usage = " ".join(["%(prog)s", *(["[options]"] if len(positionals) < len(actions) else []),
+                              *([words] if words else [])])
+        return super()._format_usage(usage, actions, groups, prefix)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size()'s columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def _hidden_alias(name: str, action: argparse.Action) -> bool:
+    """The dash spelling of an option whose underscore spelling is also there."""
+    return "-" in name[2:] and name.replace("-", "_").replace("__", "--", 1) in action.option_strings

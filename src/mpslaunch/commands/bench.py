@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpslaunch import machine as machine_probe, output
-from mpslaunch.commands.options import add_option
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
+from mpslaunch.settings import add_option
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_BATCH_SIZES = (32, 128, 512)

@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpslaunch.commands.options import add_option, add_table_options
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import DEVICES
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import DEVICES, add_option, add_table_options
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
     from mpslaunch.check.target import Target
@@ -47,10 +46,14 @@ def main(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
     from mpslaunch.check import check_script
+    from mpslaunch.check.before_launch import Interrupted
     from mpslaunch.check.report import as_json, as_text
 
     target = target_from_args(args)
-    report = check_script(Path(args.script), target)
+    try:
+        report = check_script(Path(args.script), target)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while checking {args.script}") from None
     print(as_json(report) if args.json else as_text(report))
     return 1 if report.findings else 0
 
@@ -64,7 +67,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
                                  "backends take no mps tensors); check --device cpu for several")
         return described_target(args.device, args.num_processes or 1, os.uname().sysname)
     from mpslaunch import launcher
-    from mpslaunch.options import LaunchRequest
+    from mpslaunch.settings import LaunchRequest
 
     request = LaunchRequest(args.script, num_processes=args.num_processes)
     plan = launcher.prepare(request, args.profile, args.config_file, target_is_file=False)

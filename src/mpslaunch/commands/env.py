@@ -15,15 +15,13 @@ import platform
 import re
 from typing import Any
 
-from mpslaunch import __version__, accelerate_config, profile_files
+from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.machine import Machine
-from mpslaunch.commands.options import add_table_options
-from mpslaunch.options import LaunchOptions
+from mpslaunch.output import MpslaunchError
+from mpslaunch.machine import CHECK_TIMEOUT_SECONDS, Machine, run_torch_check
 from mpslaunch.plan import decide
-from mpslaunch.profile import Profile
-from mpslaunch.torch_check import CHECK_TIMEOUT_SECONDS, run_torch_check
+from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
+                                unused_default_note)
 
 HELP = """\
 Print the facts a bug report needs, as a Markdown block to paste as it is: the
@@ -94,7 +92,7 @@ def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file:
     facts["nvidia_gpus_visible"] = list(machine.cuda_devices)
     facts["environment"] = relevant_environment(environ)
     facts.update(profile_facts(machine, environ, config_file, profile_name))
-    facts["accelerate_default_config"] = accelerate_config.unused_default_note(environ)
+    facts["accelerate_default_config"] = unused_default_note(environ)
     return facts
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 
 from mpslaunch import launcher
-from mpslaunch.commands.accelerate_options import add_refused
-from mpslaunch.commands.options import add_table_options, request_from_args
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import ACCELERATOR, MACHINES, OPTIONS, OUTPUT, PLAN
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import (ACCELERATOR, MACHINES, OPTIONS, OUTPUT, PLAN, add_refused,
+                                add_table_options, request_from_args)
 
 HELP = """\
 Run a training script on the device this machine should use: mps on Apple silicon,

@@ -1,1 +1,54 @@
-"""Running a plan: one process (single), or several through torch.distributed.run (torchrun)."""
+"""Running a plan: one process (single.py), or several through torch.distributed.run
+(torchrun/), with what the launcher does beside the script while it runs (companion.py).
+Everything is imported when a run needs it: --dry-run and the one-process start import
+neither psutil nor torch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from mpslaunch import lazy_names
+from mpslaunch.output import MpslaunchError
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from mpslaunch.plan import LaunchPlan
+
+__getattr__ = lazy_names(__name__, {
+    "processes": ("environment",),
+    "torchrun.elastic": ("run_function",),
+    "torchrun.outcome": ("EXIT_ABORT_ISSUE",),
+})
+
+
+def describe(plan: LaunchPlan) -> str:
+    """What --dry-run prints."""
+    if plan.engine == "single":
+        text = plan.describe()
+    else:
+        from mpslaunch.run.torchrun import elastic as torchrun  # imports torch: several processes only
+
+        text = torchrun.describe(plan)
+    return text + (f"\nmps check:       {plan.mps_verdict}" if plan.mps_verdict else "")
+
+
+def execute(plan: LaunchPlan, report: bool = False) -> int:
+    """Run the plan; the child's exit code (128+N when signal N ended it). `report`: memory
+    warnings and the end-of-run line (launch without -q)."""
+    from mpslaunch.run.companion import Watch
+
+    watch = Watch.for_plan(plan, report, os.environ)
+    if plan.engine == "single":
+        from mpslaunch.run.single import run_child
+
+        return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
+                         plan.removed)
+    if threading.current_thread() is not threading.main_thread():
+        raise MpslaunchError("several processes of a script are started from the main thread "
+                             "only (stopping them needs its signal handlers); call from the main "
+                             "thread, or run one process here")
+    from mpslaunch.run.torchrun import elastic as torchrun
+
+    return torchrun.run(plan, plan.grace_period, watch)

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 
 
 def usable_log_dir(log_dir: str) -> Path:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
@@ -133,3 +135,18 @@ def linux_prctl():
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+
+
+@contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """The ranks (or a function run in this process) see `env`: put it in os.environ for the run."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from mpslaunch import output
-from mpslaunch.errors import MpslaunchError
-from mpslaunch.options import DEFAULT_GRACE_SECONDS
+from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
                                      STOPPING_SIGNALS, exit_code, handled_here, kill_group,

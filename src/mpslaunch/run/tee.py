@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mpslaunch import output
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.run.logdir import cannot_write, usable_log_dir
 
 _CHUNK = 65536

@@ -136,10 +136,10 @@ def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, 
     import dataclasses
 
     from conftest import MACHINES
-    from mpslaunch.errors import MpslaunchError
-    from mpslaunch.options import LaunchRequest
+    from mpslaunch.output import MpslaunchError
+    from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import resolve
-    from mpslaunch.profile import Profile
+    from mpslaunch.settings import Profile
 
     machine = dataclasses.replace(MACHINES["linux_cpu"], own_name=own)
     request = LaunchRequest("train.py", num_machines=2, machine_rank=1, main_process_ip=main)

@@ -400,7 +400,7 @@ time.sleep(120)
 
 def test_dry_run_shows_the_torchrun_command_and_each_ranks_environment(tmp_path):
     script = write_script(tmp_path, "train.py", "")
-    code = ("import sys; from mpslaunch.cli import main; code = main(sys.argv[1:]); "
+    code = ("import sys; from mpslaunch.commands import main; code = main(sys.argv[1:]); "
             "print('TORCH IMPORTED' if 'torch' in sys.modules else 'NO TORCH'); sys.exit(code)")
     result = subprocess.run([sys.executable, "-c", code, "launch", "--dry-run", "--cpu",
                              "--num_processes", "2", str(script), "--epochs", "3"],

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import MACHINES
-from mpslaunch.plan import LaunchRequest, resolve
-from mpslaunch.profile import Profile
+from mpslaunch.plan import resolve
+from mpslaunch.settings import LaunchRequest
+from mpslaunch.settings import Profile
 from mpslaunch.run.torchrun.args import (DEFAULT_PORT, FREE_PORT, SHARED_RUN_ID, arguments,
                                      launcher_environment, rank_environments, rendezvous_for,
                                      target_arguments)

@@ -12,9 +12,9 @@ from typing import Mapping
 
 from mpslaunch.machine import endpoint, loopback_interface
 from mpslaunch.plan import LaunchPlan
+from mpslaunch.settings import DEFAULT_PORT
 
 LOOPBACK = "127.0.0.1"
-DEFAULT_PORT = 29500  # torchrun's and Accelerate's default master port
 SHARED_RUN_ID = "mpslaunch"  # several machines must agree on it; one machine gets a unique one
 # Each console line of a rank starts with its global rank, like torchrun --tee with a prefix.
 # Through the environment: torch 2.11's torchrun has no --log-line-prefix-template option.

@@ -3,7 +3,8 @@
 After a failure, while restarts are left, torch's agent stops every rank of this machine and
 starts them again, and says so only in its own log, which the launcher silences. Two things
 it does are what the launcher follows: for each attempt it asks its LogsSpecs for the log
-folders (`reify`, with every rank's environment, TORCHELASTIC_RESTART_COUNT among it), and the
+folders (`reify`, with every rank's environment, TORCHELASTIC_RESTART_COUNT among it; see
+run/torch_internals.py), and the
 failure that ended an attempt goes to the torch.distributed.elastic.multiprocessing logger as
 "failed (exitcode: N) local_rank: R ...". When a torch version words that record differently,
 the restart line still comes, without the rank and code.
@@ -82,14 +83,3 @@ def following(attempts: Attempts) -> Iterator[None]:
         yield
     finally:
         logger.removeHandler(handler)
-
-
-def announcing_logs_specs(base: type, attempts: Attempts) -> type:
-    """A subclass of torch's LogsSpecs class `base` that tells `attempts` when ranks start."""
-
-    class AnnouncingLogsSpecs(base):
-        def reify(self, envs):
-            attempts.started(envs)
-            return super().reify(envs)
-
-    return AnnouncingLogsSpecs

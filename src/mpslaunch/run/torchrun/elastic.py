@@ -20,13 +20,13 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
-from mpslaunch.errors import MpslaunchError, error_line
+from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.logdir import usable_log_dir
-from mpslaunch.run.processes import RUN_MARKER, exit_code, new_run_id
-from mpslaunch.run.torchrun.attempts import Attempts, announcing_logs_specs, following
+from mpslaunch.run.processes import RUN_MARKER, environment, exit_code, new_run_id
+from mpslaunch.run.torchrun.attempts import Attempts, following
 from mpslaunch.run.torchrun.gate import Gate
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
@@ -36,7 +36,7 @@ from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_e
                                             stopped_ranks, stopped_summary)
 from mpslaunch.run.torchrun.signals import (LauncherSignals, Stopped, adopt_orphans, child_pids,
                                             rank_pids, sweep)
-from mpslaunch.run.torchrun.stopping import graceful_stops
+from mpslaunch.run.torch_internals import Elastic, graceful_stops, tune
 
 
 class LaunchFailed(MpslaunchError):
@@ -144,15 +144,12 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
         if not rendezvous.local:
             Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
                  plan.settings.rdzv_timeout, _say).wait(store)
-        elastic = _Elastic()  # inside: on macOS its import warns about fd redirects we never use
-        args, config, entrypoint, entry_args = _elastic_config(elastic, plan, rendezvous, port,
-                                                               logs)
-        if hasattr(config, "shutdown_timeout"):  # newer torch; older ones wait a fixed 30 s
-            config.shutdown_timeout = int(-(-grace_seconds // 1))  # whole seconds, rounded up
-        if hasattr(config, "signals_to_handle"):  # newer torch; older ones take over all four
-            config.signals_to_handle = signals.torch_handles()  # not the ones nohup ignored
+        elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
+        args, config, entrypoint, entry_args = elastic.config(
+            arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)
+        tune(config, grace_seconds, signals.torch_handles())  # not the signals nohup ignored
         attempts = Attempts(plan.settings.max_restarts, _say)
-        config.logs_specs = elastic.logs_specs(args, attempts)
+        config.logs_specs = elastic.logs_specs(args, attempts.started)
         try:
             with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops:
                 elastic.launch(config, entrypoint)(*entry_args)
@@ -187,8 +184,9 @@ def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> 
     env = launcher_environment(plan, rendezvous, os.environ)
     with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(plan, rendezvous) as (port, _), \
             _LogFolder(plan.log_dir) as logs:
-        elastic = _Elastic()
-        _, config, _, _ = _elastic_config(elastic, plan, rendezvous, port, logs)
+        elastic = Elastic()
+        _, config, _, _ = elastic.config(arguments(plan, rendezvous, str(port), logs.path),
+                                         LINE_PREFIX)
         config.start_method = start_method
         with whole_rank_lines():
             return dict(sorted(elastic.launch(config, function)(*args).items()))
@@ -196,37 +194,6 @@ def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> 
 
 def _new_rendezvous(plan: LaunchPlan) -> Rendezvous:
     return rendezvous_for(plan, run_id=f"mpslaunch-{uuid.uuid4().hex[:12]}")
-
-
-def _elastic_config(elastic: "_Elastic", plan: LaunchPlan, rendezvous: Rendezvous, port: int,
-                    logs: "_LogFolder"):
-    """torch.distributed.run's own parsing of the command line this plan makes: (args, config,
-    entrypoint, entrypoint's args), the config with mpslaunch's rank prefix."""
-    args = elastic.run.parse_args(arguments(plan, rendezvous, str(port), logs.path))
-    config, entrypoint, entry_args = elastic.run.config_from_args(args)
-    config.log_line_prefix_template = LINE_PREFIX  # whatever this torch reads it from
-    return args, config, entrypoint, entry_args
-
-
-class _Elastic:
-    """The few torch names this path uses, imported together (and only here)."""
-
-    def __init__(self):
-        import torch.distributed.run as run
-        from torch.distributed.elastic.multiprocessing.api import (DefaultLogsSpecs, SignalException,
-                                                                    Std)
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import elastic_launch
-
-        self.run, self.launch = run, elastic_launch
-        self.ChildFailedError, self.SignalException = ChildFailedError, SignalException
-        self.DefaultLogsSpecs, self.Std = DefaultLogsSpecs, Std
-
-    def logs_specs(self, args, attempts: Attempts):
-        """torch's own log folders (as config_from_args makes them), announcing each restart."""
-        specs = announcing_logs_specs(self.DefaultLogsSpecs, attempts)
-        return specs(log_dir=args.log_dir, redirects=self.Std.from_str(args.redirects),
-                     tee=self.Std.from_str(args.tee))
 
 
 def _check_torch_distributed() -> None:
@@ -251,21 +218,6 @@ def _store(plan: LaunchPlan, rendezvous: Rendezvous):
         listen = EVERY_INTERFACE if plan.settings.main_process_ip_via_nat else None
         return store_on(rendezvous.address, rendezvous.port, listen)
     return nullcontext((rendezvous.port, None))
-
-
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    """The ranks (or a function run in this process) see `env`: put it in os.environ for the run."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextmanager

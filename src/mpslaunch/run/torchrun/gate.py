@@ -12,7 +12,6 @@ is refused in one line (exit 2). torch's own rendezvous then finds every machine
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import sys
@@ -20,9 +19,10 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from mpslaunch.errors import MpslaunchError
+from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import endpoint
 from mpslaunch.run.processes import new_run_id
+from mpslaunch.run.torch_internals import connect_store
 from mpslaunch.run.torchrun.signals import Stopped
 
 JOINED = "mpslaunch/joined/"
@@ -74,15 +74,11 @@ class Gate:
                 f"--machine_rank, from 0 to {self.machines - 1}")
 
     def _connect(self):
-        from torch.distributed import TCPStore  # the several-machine path only
-
         pause = 1.0
         while True:
             problem = _reachable(self.address, self.port, min(pause, self._left()))
             if problem is None:
-                return TCPStore(self.address, self.port, None, False,
-                                datetime.timedelta(seconds=max(self._left(), 1.0)),
-                                wait_for_workers=False)
+                return connect_store(self.address, self.port, max(self._left(), 1.0))
             self._give_up_if_late()
             self.say(f"mpslaunch: machine 0 at {self.where} cannot be reached yet ({problem}); "
                      f"trying again in {pause:g} s ({self._elapsed()} of --rdzv_timeout "

@@ -1,24 +1,21 @@
 """The rendezvous store listens on the address the run is for, not on every interface.
 
 torch's TCPStore listens on every interface whatever host it is given, so we bind the socket
-ourselves and hand it to the store (master_listen_fd): 127.0.0.1 for one machine; machine 0's
---main_process_ip (checked in plan.py to be one of its addresses), or every interface with
+ourselves and hand it to the store (torch_internals.serve_store): 127.0.0.1 for one machine; machine 0's
+--main_process_ip (checked by the plan to be one of its addresses), or every interface with
 --main_process_ip_via_nat. The other machines' launchers wait on this store (gate.py).
 """
 
 from __future__ import annotations
 
-import datetime
 import errno
 import socket
 from contextlib import contextmanager
 from typing import Iterator
 
-from mpslaunch.errors import MpslaunchError, error_line
+from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
-
-STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
-
+from mpslaunch.run.torch_internals import serve_store
 
 EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
 
@@ -27,8 +24,6 @@ EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
 def store_on(address: str, port: int, listen: str | None = None) -> Iterator[tuple[int, object]]:
     """Serve the rendezvous store for address:port, listening on `listen` (default: the address
     itself; port 0: a free port); yield the port and the store."""
-    from torch.distributed import TCPStore  # the torchrun path only
-
     listener = _listen(address if listen is None else listen, port)
     chosen = listener.getsockname()[1]
     # The store owns the descriptor from here on and closes it: detach it from Python's socket.
@@ -37,8 +32,7 @@ def store_on(address: str, port: int, listen: str | None = None) -> Iterator[tup
     # may not lead back to this machine from inside).
     own = address if listen is None else "127.0.0.1"
     try:
-        store = TCPStore(own, chosen, None, True, STORE_TIMEOUT, wait_for_workers=False,
-                         multi_tenant=True, master_listen_fd=descriptor)
+        store = serve_store(own, chosen, descriptor)
     except (RuntimeError, ValueError) as error:
         socket.close(descriptor)
         raise MpslaunchError(f"cannot start the rendezvous store on {endpoint(address, chosen)}: "

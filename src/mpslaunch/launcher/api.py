@@ -1,0 +1,100 @@
+"""`mpslaunch.launch(...)`: the launch command from Python or a notebook, with the same plan.
+
+The keyword options are launch's flags under their Python names (num_processes=2, cpu=True,
+mixed_precision="bf16", gpu_ids="0,1", ...), plus profile= and config_file=. A script runs
+exactly as `mpslaunch launch` runs it and its exit code comes back. A function runs in this
+process with the plan's environment applied for the call (one process: its return value comes
+back), or in several processes through torch's elastic_launch (a dict of each rank's return
+value, by rank). Those start with fork, as Accelerate's notebook_launcher does, so a function
+defined in a notebook works; start_method="spawn" starts fresh interpreters instead (the function
+must then be importable from a .py file).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+from mpslaunch import output
+from mpslaunch.launcher.prepare import announce, prepare
+from mpslaunch.output import MpslaunchError
+from mpslaunch.plan import LaunchPlan
+from mpslaunch.run import execute
+from mpslaunch.settings import REQUEST_OPTIONS, LaunchRequest
+
+OPTIONS = tuple(option.name for option in REQUEST_OPTIONS)
+
+
+def launch(target, *args, profile: str | None = None, config_file: str | None = None,
+           quiet: bool = False, start_method: str = "fork", **options):
+    """Run a script (a path) or a function with the plan `mpslaunch launch` would make here."""
+    _check_options(options)
+    function = target if callable(target) else None
+    name = getattr(function, "__qualname__", "function") if function else os.fspath(target)
+    request = LaunchRequest(name, () if function else tuple(map(str, args)), **options)
+    plan = prepare(request, profile, config_file, quiet, target_is_file=function is None)
+    announce(plan, quiet)
+    if function is None:
+        return execute(plan, report=not quiet)
+    if plan.engine == "single":
+        return _call_here(plan, function, args)
+    return _run_in_processes(plan, function, args, start_method)
+
+
+def _check_options(options: dict) -> None:
+    for name in options:
+        if name not in OPTIONS:
+            import difflib  # only on a mistake
+
+            close = difflib.get_close_matches(name, OPTIONS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise MpslaunchError(f"mpslaunch.launch() has no option {name!r}{hint}; it takes "
+                                 "launch's options under their Python names, profile= and config_file=")
+
+
+def _call_here(plan: LaunchPlan, function, args: tuple):
+    from mpslaunch.run import environment
+
+    if "torch" in sys.modules and "PYTORCH_ENABLE_MPS_FALLBACK" in plan.env:
+        output.warning("torch is already imported, and it reads PYTORCH_ENABLE_MPS_FALLBACK when "
+                       "it loads; set it before importing torch")
+    with environment(plan.env):
+        return fresh_call(function, *args)
+
+
+def _run_in_processes(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict:
+    if start_method not in ("fork", "spawn", "forkserver"):
+        raise MpslaunchError(f"start_method must be fork, spawn or forkserver, not {start_method!r}")
+    if start_method != "fork":
+        _check_spawnable(function, args)
+    from mpslaunch.run import run_function
+
+    return run_function(plan, fresh_call, (function, *args), start_method)
+
+
+def fresh_call(function, *args):
+    """function(*args) with Accelerate's process-wide state cleared first: an Accelerator made
+    by an earlier call (or inherited through fork) would otherwise keep that call's settings."""
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    return function(*args)
+
+
+def _check_spawnable(function, args: tuple) -> None:
+    """spawn starts fresh interpreters: they import the function by name and unpickle the args."""
+    main = sys.modules.get("__main__")
+    if function.__module__ == "__main__" and not getattr(main, "__file__", None):
+        raise MpslaunchError(f"{function.__qualname__} is defined in a notebook or an interactive "
+                             "session, which processes started with spawn cannot import; move it "
+                             "to a .py file and import it, or use start_method='fork'")
+    try:
+        pickle.dumps((function, args))
+    except Exception as error:  # pickle raises many types
+        raise MpslaunchError(f"{getattr(function, '__qualname__', function)} or its arguments "
+                             f"cannot be sent to the processes ({type(error).__name__}: {error}); "
+                             "define the function at the top level of a module") from None
+

@@ -1,0 +1,13 @@
+"""What this computer is: its platform facts (facts.py), torch's own verdict on mps, asked in a
+child Python and kept per Python, torch and macOS build (torch_check.py), and its place on the
+network (network.py). Probed with the standard library only: the launcher never imports torch.
+Tests describe other computers as `Machine` values.
+"""
+
+from mpslaunch.machine.facts import (Machine, available_memory, cpu_brand, memory_pressure_level,
+                                     memory_stall_microseconds, mps_cache_key, peak_resident_bytes,
+                                     probe, verify_mps, version_tuple, with_torch_facts)
+from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, loopback_interface,
+                                       plain_address, with_addresses, with_own_name)
+from mpslaunch.machine.torch_check import (CHECK_TIMEOUT_SECONDS, MpsAnswer, cache_dir,
+                                           run_torch_check)

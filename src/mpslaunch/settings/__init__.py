@@ -1,0 +1,25 @@
+"""What the user asks for, from the command line, a profile file or an Accelerate config.
+
+options.py declares every launch option and profile key once (the option table);
+profile.py is the profile schema built from it; profile_files.py finds, reads and writes
+profile files; accelerate_config.py reads Accelerate's config files as profiles; flags.py and
+accelerate_flags.py are the table's command-line side (argparse). Nothing here probes the
+machine or decides anything. Other packages take these names from here; the command-line side
+and the Accelerate translation are imported on first use.
+"""
+
+from mpslaunch import lazy_names
+from mpslaunch.settings import profile_files
+from mpslaunch.settings.options import (
+    ACCELERATOR, BY_NAME, DEFAULT_GRACE_SECONDS, DEFAULT_PORT, DEVICES, MACHINES, MPS_WATERMARK_MAX,
+    OPTIONS, OUTPUT, PLAN, PRECISIONS, PROFILE_OPTIONS, RDZV_BACKENDS, RDZV_TIMEOUT_MAX,
+    REQUEST_OPTIONS, LaunchOptions, LaunchRequest, Option, cut, given_as, request_problem,
+    source_of)
+from mpslaunch.settings.profile import KNOWN_KEYS, MPS_KEYS, Profile, check_profile, check_value
+from mpslaunch.settings.profile_files import ProfileFile, read_active
+
+__getattr__ = lazy_names(__name__, {
+    "accelerate_config": ("WAYS", "Translation", "default_config_path", "unused_default_note"),
+    "flags": ("add_option", "add_table_options", "request_from_args", "spellings"),
+    "accelerate_flags": ("add_refused",),
+})

@@ -1,0 +1,139 @@
+"""mpslaunch.launch: the same plan from Python, for a script or a function, one process or several."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import mpslaunch
+from conftest import REPO, one_line_error, run_cli, write_script
+from mpslaunch.output import MpslaunchError
+
+
+def test_import_mpslaunch_stays_cheap():
+    code = ("import sys, mpslaunch; print('torch' in sys.modules, 'mpslaunch.launcher.api' in sys.modules); "
+            "mpslaunch.launch; print('torch' in sys.modules, 'mpslaunch.launcher.api' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["False False", "False True"]
+
+
+def test_a_script_runs_as_the_cli_runs_it(tmp_path, capfd):
+    script = write_script(tmp_path, "report.py", """
+import json, os, sys
+print(json.dumps([sys.argv[1:], os.environ["ACCELERATE_USE_CPU"], os.environ["ACCELERATE_MIXED_PRECISION"]]))
+sys.exit(3)
+""")
+    assert mpslaunch.launch(str(script), "--lr", 0.5, cpu=True, mixed_precision="bf16", quiet=True) == 3
+    out, err = capfd.readouterr()
+    assert json.loads(out) == [["--lr", "0.5"], "true", "bf16"] and err == ""
+
+
+def seen_by_the_function(key: str, value: int):
+    return os.environ.get(key), value * 2
+
+
+def test_a_function_runs_here_with_the_plan_for_the_call(capfd):
+    assert "ACCELERATE_MIXED_PRECISION" not in os.environ
+    assert mpslaunch.launch(seen_by_the_function, "ACCELERATE_MIXED_PRECISION", 21, cpu=True,
+                            mixed_precision="bf16") == ("bf16", 42)
+    assert "ACCELERATE_MIXED_PRECISION" not in os.environ  # restored after the call
+    assert "mpslaunch: cpu: asked for by --cpu; precision bf16; 1 process" in capfd.readouterr().err
+    results = []
+    worker = threading.Thread(target=lambda: results.append(
+        mpslaunch.launch(seen_by_the_function, "MPSLAUNCH_DEVICE", 1, cpu=True, quiet=True)))
+    worker.start()
+    worker.join()
+    assert results == [("cpu", 2)]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: mpslaunch.launch(seen_by_the_function, num_proc=2), "did you mean num_processes?"),
+    (lambda: mpslaunch.launch(lambda: 1, cpu=True, num_processes=2, start_method="spawn"),
+     "cannot be sent to the processes"),
+    (lambda: mpslaunch.launch(seen_by_the_function, cpu=True, num_processes=2, start_method="posix"),
+     "start_method must be fork, spawn or forkserver"),
+])
+def test_mistakes_are_one_line(call, words):
+    with pytest.raises(MpslaunchError) as caught:
+        call()
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+NOTEBOOK = """
+import json, threading, mpslaunch
+
+def train(tag):  # defined in __main__ without a file, as in a notebook cell
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    result = [accelerator.process_index, accelerator.num_processes, accelerator.device.type,
+              accelerator.mixed_precision, tag]
+    accelerator.end_training()
+    return result
+
+print(json.dumps(mpslaunch.launch(train, "here", cpu=True, mixed_precision="bf16", quiet=True)))
+print(json.dumps(mpslaunch.launch(train, "ranks", cpu=True, num_processes=2, quiet=True)))
+box = []
+thread = threading.Thread(target=lambda: box.append(mpslaunch.launch(train, "thread", cpu=True,
+                                                                     num_processes=2, quiet=True)))
+thread.start()
+thread.join()
+print(json.dumps(box[0]))
+"""
+
+
+def test_a_notebook_function_in_one_process_then_several_then_from_a_thread():
+    done = subprocess.run([sys.executable, "-c", NOTEBOOK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    here, ranks, from_thread = [json.loads(line) for line in done.stdout.splitlines() if line[:1] in "[{"]
+    assert here == [0, 1, "cpu", "bf16", "here"]
+    # A fresh Accelerate state in each rank: nothing inherited from the call above.
+    assert ranks == {"0": [0, 2, "cpu", "no", "ranks"], "1": [1, 2, "cpu", "no", "ranks"]}
+    assert from_thread == {"0": [0, 2, "cpu", "no", "thread"], "1": [1, 2, "cpu", "no", "thread"]}
+
+
+def test_the_cli_from_a_thread_runs_one_process_and_refuses_several_in_one_line(tmp_path):
+    script = write_script(tmp_path, "hello.py", "print('ran')")
+    code = f"""
+import threading
+from mpslaunch.commands import main
+codes = []
+for extra in ([], ["--num_processes", "2"]):
+    thread = threading.Thread(target=lambda: codes.append(main(["launch", "--cpu", "-q", *extra, {str(script)!r}])))
+    thread.start()
+    thread.join()
+print(codes)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["ran", "[0, 2]"]
+    assert done.stderr.count("\n") == 1 and "started from the main thread only" in done.stderr
+
+
+def test_the_notebook_example_runs_as_a_script():
+    example = REPO / "examples" / "notebook_launch.py"
+    done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    one, several = done.stdout.splitlines()
+    assert one.startswith("(0, ") and several.startswith("{0: (0, 'cpu', ") and ", 1: (1, 'cpu', " in several
+
+
+@pytest.mark.parametrize("option, value, word", [
+    ("grace_period", -5, "-5"),
+    ("num_processes", 0, "0"),
+    ("tee", "9", "9"),
+    ("monitor_interval", 0.0, "0"),
+    ("device", "gpu", "gpu"),
+    ("gpu_ids", "0, 1", "0, 1"),
+])
+def test_the_api_refuses_what_the_cli_refuses_in_the_same_words(tmp_path, option, value, word):
+    script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
+    with pytest.raises(MpslaunchError) as caught:
+        mpslaunch.launch(str(script), cpu=True, **{option: value})
+    cli = one_line_error(run_cli("launch", "--cpu", f"--{option}", word, str(script)))
+    assert cli.startswith(f"mpslaunch: error: {caught.value} (see `mpslaunch launch --help`)")
+    assert str(caught.value).startswith(f"--{option} ")
+    assert not (tmp_path / "train.py.ran").exists()

@@ -1,0 +1,50 @@
+"""The option table (options.py) is the one declaration of each launch option and profile key:
+the launch parser, LaunchOptions, mpslaunch.launch(), the profile and its checks follow it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mpslaunch import commands as cli
+from mpslaunch.launcher import api
+from mpslaunch.settings import OPTIONS, LaunchOptions
+from mpslaunch.settings import Profile, check_value
+
+
+def launch_parser():
+    return cli.build_parser("launch").command_parser
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda option: option.name)
+def test_each_option_is_where_the_table_says_and_nowhere_else(option):
+    actions = launch_parser()._option_string_actions
+    if option.spelling:
+        dash = option.spelling.replace("_", "-")
+        assert actions[option.spelling] is actions[dash] and actions[dash].dest == option.name
+        if option.short:
+            assert actions[option.short] is actions[option.spelling]
+    else:
+        assert f"--{option.name}" not in actions
+    assert (option.name in {f.name for f in dataclasses.fields(LaunchOptions)}) == option.request
+    assert (option.name in api.OPTIONS) == option.request
+    profile_fields = {f.name: f.default for f in dataclasses.fields(Profile)}
+    assert (option.name in profile_fields) == option.profile
+    if option.profile:
+        assert profile_fields[option.name] == option.default
+        assert check_value(option.name, option.default) is None
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.spelling and o.kind is not bool],
+                         ids=lambda option: option.name)
+def test_a_flag_refuses_what_its_profile_key_refuses_in_the_same_words(option):
+    """A value the table refuses, typed on the command line: `--name why`, the profile's words."""
+    bad = {int: "-1", float: "-1", str: "not valid!"}[option.kind]
+    value = option.kind(bad) if option.kind is not str else bad
+    why = option.problem(value)
+    if why is None:  # any value of this type is allowed (an address, a folder)
+        return
+    with pytest.raises(ValueError, match=f"^{option.spelling} ") as caught:
+        option.parse(bad)
+    assert str(caught.value) == f"{option.spelling} {why}"
