@@ -1,8 +1,8 @@
 """What this computer is: platform facts probed with the standard library only.
 
 The launcher does not import torch on the one-process path (the child imports it anyway), so
-facts come from os.uname, one sysctl call on macOS, /proc and /dev on Linux, and torch's
-version.py read as text; what torch itself says about mps on a Mac comes from a child Python,
+facts come from os.uname, one sysctl call on macOS (and pmset for the power source), /proc and
+/dev on Linux, and torch's and Accelerate's versions read as text; what torch itself says about mps on a Mac comes from a child Python,
 cached (torch_check.py). Tests build `Machine` values by hand to describe computers we do not own.
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, replace
 
-from mpslaunch.machine import torch_check
+from mpslaunch.machine import power, torch_check
 from mpslaunch.machine.torch_check import MpsAnswer
 
 # One `sysctl` call reads them all; the last two are missing on some older macOS releases.
@@ -43,6 +44,9 @@ class Machine:
     name_lookup: tuple[str, tuple[str, ...]] | None = None  # a host name and what it resolved to
     # Probed only for several machines (with_own_name): this machine's host name and its addresses.
     own_name: tuple[str, tuple[str, ...]] | None = None
+    accelerate_version: str | None = None  # installed Accelerate, e.g. "1.15.0"; None if absent
+    caffeinate: bool = True  # macOS: caffeinate, which keeps the Mac awake, is on PATH
+    on_battery: bool | None = None  # macOS: it runs on its battery; None: unknown
 
     @property
     def is_mac(self) -> bool:
@@ -54,8 +58,8 @@ class Machine:
 
 
 def probe() -> Machine:
-    """The Machine this process runs on. Cheap: a few file reads; on macOS one sysctl call and
-    the cached mps verdict."""
+    """The Machine this process runs on. Cheap: a few file reads; on macOS one sysctl call, one
+    pmset call and the cached mps verdict."""
     system, arch = os.uname().sysname, os.uname().machine  # platform.* costs an import
     is_mac = system == "Darwin"
     mac = _mac_sysctls() if is_mac else {}
@@ -73,6 +77,9 @@ def probe() -> Machine:
         python=sys.executable,
         virtual_machine=mac.get("kern.hv_vmm_present") == "1",
         os_build=mac.get("kern.osversion"),
+        accelerate_version=_accelerate_version(),
+        caffeinate=is_mac and shutil.which(power.CAFFEINATE) is not None,
+        on_battery=power.on_battery() if is_mac else None,
     )
     key = mps_cache_key(machine)
     return replace(machine, mps_answer=torch_check.read_cached(key)) if key else machine
@@ -211,17 +218,31 @@ def _sysctl(name: str) -> str | None:
 def _torch_build_facts() -> dict[str, str]:
     """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds
     (and importlib.metadata, an import of its own on every launch)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    version_file = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
-    try:
-        with open(version_file) as stream:
-            text = stream.read()
-    except OSError:
-        return {}
-    found = re.findall(r"^(__version__|cuda)\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    found = _assignments(_package_text("torch", "version.py"), "__version__|cuda")
     return {name: value.split("+")[0] if name == "__version__" else value for name, value in found}
+
+
+def _accelerate_version() -> str | None:
+    """Accelerate's `__version__` from its __init__.py, read as text (importing it imports torch)."""
+    found = dict(_assignments(_package_text("accelerate", "__init__.py"), "__version__"))
+    return found.get("__version__")
+
+
+def _package_text(package: str, file: str) -> str:
+    """The text of `file` in an installed package's folder, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    try:
+        with open(os.path.join(next(iter(spec.submodule_search_locations)), file)) as stream:
+            return stream.read()
+    except OSError:
+        return ""
+
+
+def _assignments(text: str, names: str) -> list[tuple[str, str]]:
+    """(name, string) for each top-level `name = "string"` of those `names` (a regex) in `text`."""
+    return re.findall(rf"^({names})\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
 
 
 def visible_nvidia_gpus() -> tuple[str, ...]:

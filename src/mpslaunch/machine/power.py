@@ -1,4 +1,4 @@
-"""macOS: whether the Mac runs on its battery, from `pmset -g batt`.
+"""macOS: what keeps a Mac awake, and whether it runs on its battery (`pmset -g batt`).
 
 `caffeinate -i` holds off idle sleep only: a laptop on battery still sleeps when its lid
 closes, and the run pauses until it wakes (docs/mps-facts.md: Sleep on a Mac). pmset's first
@@ -10,12 +10,10 @@ from __future__ import annotations
 import re
 import subprocess
 
+CAFFEINATE = "caffeinate"
 PMSET = "pmset"
 _TIMEOUT_SECONDS = 2.0
 _SOURCE = re.compile(r"Now drawing from '([^']+)'")
-
-LID_WARNING = ("this Mac runs on its battery: closing the lid sleeps it and pauses the run "
-               "(keep_awake: false in the profile, or --no_keep_awake, silences this)")
 
 
 def on_battery() -> bool | None:
