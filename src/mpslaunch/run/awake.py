@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from mpslaunch.machine.power import CAFFEINATE
+from mpslaunch.machine import CAFFEINATE
 
 _STOP_SECONDS = 2.0
 

@@ -130,6 +130,9 @@ class MemoryWatch:
                 return
 
     def _reading_loop(self) -> None:
+        # The first reading waits an interval: the script starts first, not psutil's import.
+        if self.stopping.wait(self.interval):
+            return
         while not self.stopping.is_set():
             line = self._judge()
             if line and not self.stopping.is_set():
