@@ -191,3 +191,37 @@ def cluster_config(path: Path, distributed_type: str, as_json: bool = False, **f
     config = ClusterConfig(compute_environment="LOCAL_MACHINE", distributed_type=distributed_type, **settings)
     config.to_json_file(path) if as_json else config.to_yaml_file(path)
     return path
+
+
+FOOTPRINT = 8_482_560_409  # 7.90 GB: what the stand-in libproc below reports by default in tests
+
+# The counters' places in <sys/resource.h>'s struct rusage_info_v4 (a 16-byte uuid, then 35
+# uint64 counters): resident size 6, phys footprint 7, logical writes 27, lifetime max phys
+# footprint 28, instructions 29. Counter i holds (i + 1) MiB; the lifetime maximum holds the
+# value of STANDIN_FOOTPRINT (bytes), read at each call. Unknown pids: -1 and ESRCH.
+STANDIN_LIBPROC = r"""
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int proc_pid_rusage(int pid, int flavor, void *buffer) {
+    if (flavor != 4) { errno = EINVAL; return -1; }
+    if (kill(pid, 0) != 0 && errno == ESRCH) return -1;
+    memset(buffer, 0xab, 16);
+    uint64_t *counters = (uint64_t *)((char *)buffer + 16);
+    for (int i = 0; i < 35; i++) counters[i] = (uint64_t)(i + 1) << 20;
+    const char *footprint = getenv("STANDIN_FOOTPRINT");
+    counters[28] = footprint ? strtoull(footprint, NULL, 10) : 0;
+    return 0;
+}
+"""
+
+
+def build_standin_libproc(folder) -> str:
+    """A stand-in for macOS's libproc, compiled with the C compiler into `folder`; its path."""
+    source, library = folder / "libproc.c", folder / "libproc.so"
+    source.write_text(STANDIN_LIBPROC)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return str(library)

@@ -93,9 +93,10 @@ def test_a_virtual_machine_plans_cpu_and_runs_mps_with_one_warning(tmp_path, iso
     ran = on_a_mac("launch", "--device", "mps", "--no_keep_awake", str(script), vm=True)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "mps\n"
-    warning, summary, end = ran.stderr.strip().splitlines()
+    *warnings, summary, end = ran.stderr.strip().splitlines()
     assert end.startswith("mpslaunch: ended after ")
-    assert warning.startswith("mpslaunch: warning: mps in a macOS virtual machine is known to fail")
+    assert warnings[0].startswith("mpslaunch: warning: mps in a macOS virtual machine is known to fail")
+    assert len(warnings) == 2 and "on an M1 or M2 GPU" in warnings[1]  # a known fault of its chip
     assert summary.startswith("mpslaunch: mps: Apple M2 Max, macOS 26.3")
 
 
@@ -142,3 +143,42 @@ def test_on_linux_nothing_is_asked_or_kept(tmp_path, isolated_cache_dir):
     assert run_cli("env").returncode == 0
     # no mps verdict; only the findings of the check launch ran on the script (mpslaunch check)
     assert [path.name for path in isolated_cache_dir.iterdir()] == ["script-checks"]
+
+
+# The harness on a Mac whose torch and Accelerate are older than this machine's.
+WITH_OLD_VERSIONS = """
+from mpslaunch.machine import facts
+facts._torch_build_facts = lambda: {"__version__": "2.12.1"}
+facts._accelerate_version = lambda: "1.10.1"
+""" + ON_A_MAC
+
+
+def test_the_dry_run_and_the_launch_name_the_known_faults_of_this_torch_and_accelerate(
+        tmp_path, isolated_cache_dir):
+    key = torch_check.cache_key(sys.executable, "2.12.1", BUILD)
+    cache_file(isolated_cache_dir).write_text(json.dumps(
+        {key: torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02").__dict__}))
+    script = write_script(tmp_path, "train.py", "print('ran')\n")
+    sysctls = {"kern.osproductversion": "15.5", "kern.osversion": BUILD,
+               "machdep.cpu.brand_string": "Apple M2 Max", "kern.hv_vmm_present": "0"}
+
+    def described(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", WITH_OLD_VERSIONS, json.dumps(sysctls), *args],
+                              capture_output=True, text=True, timeout=180, env=os.environ.copy())
+
+    planned = described("launch", "--dry-run", "--mixed_precision", "fp16", str(script))
+    assert planned.returncode == 0, planned.stderr
+    warnings = [line for line in planned.stdout.splitlines() if line.startswith("warning: ")]
+    assert [line.split(": ")[1] for line in warnings[:3]] == [
+        "fp16 on mps with torch 2.12.1", "on an M1 or M2 GPU with torch 2.12.1, matrix products "
+        "over a reduction dimension of 32,767 or more (a language model's output layer, say) "
+        "can be silently wrong by 10-30% (pytorch/pytorch#193487, #177116, fixed for 2-D "
+        "products in torch 2.14); upgrade torch to 2.14 or later",
+        "fp16 on mps with Accelerate 1.10.1"]
+    ran = described("launch", "--mixed_precision", "fp16", "--no_keep_awake", str(script))
+    assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
+    lines = ran.stderr.strip().splitlines()
+    assert [line[len("mpslaunch: warning: "):] for line in lines[:3]] == [
+        line[len("warning: "):] for line in warnings[:3]]
+    assert lines[3].startswith("mpslaunch: mps: Apple M2 Max") and lines[-1].startswith(
+        "mpslaunch: ended after ")

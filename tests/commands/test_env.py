@@ -53,6 +53,13 @@ def test_json(tmp_path, monkeypatch, capsys):
     assert (facts["mps"], facts["macos"], facts["chip"]) == ("works", "14.5", "Apple M2")
     assert facts["profile"] == "none: defaults" and facts["profile_path"] is None
     assert facts["launcher_choice"].startswith("mps: Apple M2")
+    # The plan's warnings: here the known fault of an M2 with torch 2.14 (plan/known_faults.py).
+    assert facts["launcher_warnings"] == [
+        "on an M1 or M2 GPU, batched matrix products (bmm, 3-D matmul, einsum) over a reduction "
+        "dimension of 32,767 or more can be silently wrong (pytorch/pytorch#195163, open); keep "
+        "such products 2-D, or compare their results with the CPU's"]
+    text = envreport.as_markdown(facts)
+    assert "\n- Launcher would warn: on an M1 or M2 GPU, batched matrix products" in text
 
 
 # ---------------------------------------------------------------- how the check can go wrong

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -172,3 +173,43 @@ def test_on_linux_caffeinate_is_never_called(tmp_path, caffeinate):
     result = run_cli("launch", "--cpu", str(script), str(tmp_path / "report"), "end", env=env)
     assert result.returncode == 0, result.stderr
     assert not log.exists() and "awake" not in result.stderr
+
+
+def test_without_caffeinate_on_path_nothing_claims_the_mac_is_kept_awake(tmp_path):
+    assert not shutil.which("caffeinate")  # this machine's PATH, as on a Mac that lost /usr/bin
+    script = write_script(tmp_path, "train.py", SCRIPT)
+    env = {**os.environ, "FAKE_CAFFEINATE_LOG": str(tmp_path / "caffeinate.log")}
+    launcher = launch_on_a_mac(env, "--cpu", str(script), str(tmp_path / "report"), "end")
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, stderr
+    warning, plan, end = stderr.strip().splitlines()
+    assert warning == ("mpslaunch: warning: caffeinate is not on PATH (it is /usr/bin/caffeinate), "
+                       "so nothing keeps this Mac awake: it may sleep and pause the run; "
+                       "keep_awake: false in the profile (or --no_keep_awake) silences this")
+    assert plan.startswith("mpslaunch: cpu") and "awake" not in plan
+    assert end.startswith("mpslaunch: ended after ")
+    assert wait_for(tmp_path / "report")["held"] is False
+
+
+PMSET_ON_BATTERY = """#!/bin/sh
+printf "Now drawing from 'Battery Power'\\n -InternalBattery-0 (id=4653155)\\t84%%; discharging; 5:12 remaining present: true\\n"
+"""
+
+
+def test_on_battery_the_plan_says_closing_the_lid_pauses_the_run(tmp_path, caffeinate):
+    env, log = caffeinate
+    folder = Path(env["PATH"].split(os.pathsep)[0])
+    (folder / "pmset").write_text(PMSET_ON_BATTERY)
+    (folder / "pmset").chmod(0o755)
+    script = write_script(tmp_path, "train.py", SCRIPT)
+    launcher = launch_on_a_mac(env, "--cpu", str(script), str(tmp_path / "report"), "end")
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, stderr
+    warning, plan, end = stderr.strip().splitlines()
+    assert warning == ("mpslaunch: warning: this Mac runs on its battery: closing the lid sleeps "
+                       "it and pauses the run; keep_awake: false in the profile (or "
+                       "--no_keep_awake) silences this")
+    assert plan.endswith("; kept awake while it runs")
+    silenced = launch_on_a_mac(env, "--cpu", "--no_keep_awake", str(script), str(tmp_path / "r2"), "end")
+    _, stderr = silenced.communicate(timeout=120)
+    assert "warning" not in stderr and "awake" not in stderr

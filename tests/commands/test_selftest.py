@@ -30,10 +30,11 @@ def check_names(done: subprocess.CompletedProcess) -> list[tuple[str, str]]:
 def test_one_cpu_process_passes():
     done = run_cli("test", "--cpu")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert check_names(done) == [("PASS", "device"), ("PASS", "train step"),
+    assert check_names(done) == [("PASS", "device"), ("PASS", "train step"), ("PASS", "numbers"),
                                  ("PASS", "mixed precision")]
     assert done.stdout.splitlines()[0].startswith("mpslaunch: cpu")
-    assert done.stdout.splitlines()[-1] == "mpslaunch test: all 3 checks passed"
+    assert "30 tensors of 3 training steps on cpu in float32 match the CPU's float64" in done.stdout
+    assert done.stdout.splitlines()[-1] == "mpslaunch test: all 4 checks passed"
 
 
 def test_two_cpu_processes_from_a_profile_pass_with_an_all_reduce(tmp_path):
@@ -41,7 +42,7 @@ def test_two_cpu_processes_from_a_profile_pass_with_an_all_reduce(tmp_path):
     profile.write_text("version: 1\ndevice: cpu\nmixed_precision: bf16\nnum_processes: 2\n")
     done = run_cli("test", "--config_file", str(profile))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert check_names(done) == [("PASS", "device"), ("PASS", "train step"),
+    assert check_names(done) == [("PASS", "device"), ("PASS", "train step"), ("PASS", "numbers"),
                                  ("PASS", "mixed precision"), ("PASS", "all-reduce")]
     text = done.stdout
     assert "2 ranks summed to 3 over gloo" in text
@@ -56,7 +57,7 @@ def test_a_check_that_fails_says_what_to_change_and_exits_1():
     assert ("FAIL", "device") in check_names(done)
     assert "Accelerator() put this process on meta, the plan says cpu" in done.stdout
     assert "what to change: unset ACCELERATE_TORCH_DEVICE=meta" in done.stdout
-    assert done.stdout.splitlines()[-1] == "mpslaunch test: 2 of 3 checks passed"
+    assert done.stdout.splitlines()[-1] == "mpslaunch test: 3 of 4 checks passed"
 
 
 def test_json_gives_the_plan_and_every_check_with_its_fix():
@@ -67,7 +68,53 @@ def test_json_gives_the_plan_and_every_check_with_its_fix():
     assert report["passed"] is False and report["processes"] == 1
     device = next(check for check in report["checks"] if check["name"] == "device")
     assert device["ok"] is False and "unset ACCELERATE_TORCH_DEVICE=meta" in device["fix"]
-    assert [check["name"] for check in report["checks"]] == ["device", "train step", "mixed precision"]
+    assert [check["name"] for check in report["checks"]] == ["device", "train step", "numbers",
+                                                             "mixed precision"]
+    numbers = next(check for check in report["checks"] if check["name"] == "numbers")
+    figures = numbers["figures"]["0"]  # rank 0's
+    assert figures["device"] == "cpu" and figures["dtype"] == "float32"
+    assert figures["tolerance"] == 1e-4 and figures["tensors"] == 30
+    assert 0 < figures["largest_error"] <= 1e-4 and figures["first_mismatch"] is None
+
+
+# Loaded by every Python of the test run through PYTHONPATH; in the check script only, it makes
+# each float32 SGD step move the weights 10% further than asked: a device that computes wrong.
+PERTURBED_STEP = """
+import os, sys
+if os.path.basename(sys.argv[0]) == "selfcheck.py":
+    import torch
+    honest_step = torch.optim.SGD.step
+
+    def perturbed_step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"]]
+        before = [p.detach().clone() for p in params]
+        result = honest_step(self, closure)
+        with torch.no_grad():
+            for old, p in zip(before, params):
+                if p.dtype == torch.float32:
+                    p.copy_(old + (p - old) * 1.1)
+        return result
+
+    torch.optim.SGD.step = perturbed_step
+"""
+
+
+def test_a_perturbed_step_fails_the_numbers_and_names_the_first_tensor(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(PERTURBED_STEP)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    done = run_cli("test", "--cpu", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("FAIL", "numbers") in check_names(done) and ("PASS", "train step") in check_names(done)
+    failed = next(line for line in lines_of(done) if "numbers" in line)
+    assert failed.endswith("step 1 update of 0.weight on cpu in float32 differs from the CPU's "
+                           "float64 by 0.1 of its scale, above the 0.0001 allowed for float32")
+    assert "what to change: cpu computes other numbers than the CPU" in done.stdout
+
+    report = json.loads(run_cli("test", "--cpu", "--json", env=env).stdout)
+    numbers = next(check for check in report["checks"] if check["name"] == "numbers")
+    assert numbers["ok"] is False and report["passed"] is False
+    assert numbers["figures"]["0"]["first_mismatch"] == "step 1 update of 0.weight"
+    assert numbers["figures"]["0"]["mismatch_error"] == pytest.approx(0.1, rel=1e-3)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -15,6 +15,7 @@ from mpslaunch.machine import torch_check
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine.facts import _macos_version, mps_cache_key, parse_sysctl, verify_mps
 from mpslaunch.plan import resolve
+from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.settings import LaunchRequest
 from mpslaunch.settings import Profile
 from mpslaunch.machine import MpsAnswer
@@ -22,6 +23,13 @@ from mpslaunch.machine import MpsAnswer
 
 def plan_for(machine: str, **flags):
     return resolve(Profile(), LaunchRequest("train.py", **flags), MACHINES[machine], {})
+
+
+def known_faults(machine: str, plan) -> tuple[str, ...]:
+    """The warnings the plan carries for its chip's and torch's known faults (M1 and M2)."""
+    described = MACHINES[machine]
+    return warnings_for(described.torch_version, described.chip, described.macos_version,
+                        plan.mixed_precision, plan.device, described.accelerate_version)
 
 
 # ---------------------------------------------------------------- described machines
@@ -36,7 +44,7 @@ def plan_for(machine: str, **flags):
 ])
 def test_auto_follows_torchs_verdict_and_the_platform(machine, device, reason_part):
     plan = plan_for(machine)
-    assert (plan.device, plan.warnings) == (device, ())
+    assert (plan.device, plan.warnings) == (device, known_faults(machine, plan))
     assert reason_part in plan.reason
 
 
@@ -58,7 +66,8 @@ def test_device_mps_is_refused_with_torchs_reason():
 def test_device_mps_in_a_virtual_machine_runs_with_one_warning():
     plan = plan_for("mac_vm", device="mps")
     assert plan.device == "mps" and plan.env["ACCELERATE_TORCH_DEVICE"] == "mps"
-    assert len(plan.warnings) == 1 and "virtual machine is known to fail" in plan.warnings[0]
+    assert "virtual machine is known to fail" in plan.warnings[0]
+    assert plan.warnings[1:] == known_faults("mac_vm", plan)
 
 
 @pytest.mark.parametrize("usable", [True, False])

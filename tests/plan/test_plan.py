@@ -311,7 +311,7 @@ def test_impossible_gpu_ids_are_refused(gpu_ids, environ, expected):
 
 
 def test_gpu_ids_off_cuda_are_named_as_having_no_effect():
-    plan = plan_for("m2_macos15", gpu_ids="0")
+    plan = plan_for("m4_macos15", gpu_ids="0")
     assert plan.device == "mps" and "CUDA_VISIBLE_DEVICES" not in plan.env
     assert plan.warnings == ("--gpu_ids 0 has no effect on mps",)
 

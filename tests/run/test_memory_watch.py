@@ -89,6 +89,23 @@ def test_mps_memory_cap_is_only_suggested_on_mps():
     assert line and "mps_memory_cap" not in line and "smaller batch size, or fewer DataLoader workers" in line
 
 
+def test_without_swap_the_line_says_short_of_memory_not_swapping():
+    """A machine with no swap at all whose processes wait for memory (page cache reclaimed) is
+    not swapping: the line says what is true, with no swap figure."""
+    def no_swap(at: float, stall_s: float) -> Reading:
+        return Reading(at, int(9.5 * GB), int(23.5 * GB), 0, stall_us=int(stall_s * 1e6),
+                       swap_total=0)
+
+    judge = PressureJudge("cpu")
+    judge.observe(no_swap(0, 0))
+    line = judge.observe(no_swap(5, 1.0))
+    assert line == ("the machine is short of memory (processes waited for memory 20% of the "
+                    "time; 9.5 GB of 23.5 GB available), which slows training down many times; "
+                    "use a smaller batch size, or fewer DataLoader workers (num_workers)")
+    with_swap = Reading(5, GB, TOTAL, 0, stall_us=10**6, swap_total=2 * GB)
+    assert memory_watch.warning_line("x", with_swap, "cpu").startswith("the machine is swapping hard (x; ")
+
+
 def test_calm_readings_never_warn():
     judge = PressureJudge("mps")
     assert not any(judge.observe(mac(5 * i, swapped_in=i * MB)) for i in range(100))
@@ -122,6 +139,27 @@ def test_the_thread_judges_described_readings_and_stops_when_asked(monkeypatch):
     assert not watch.thread.is_alive()
     assert len(said) == 1 and "critical memory pressure" in said[0]
     assert Follower.ticks >= 4
+
+
+def test_a_reading_that_hangs_delays_neither_the_ticks_nor_the_stop():
+    """A sysctl that never answers: the followers (the peak memory) are still sampled, and
+    stopping the watch does not wait for the reading."""
+    hang, ticked = threading.Event(), threading.Semaphore(0)
+
+    class Follower:
+        def tick(self):
+            ticked.release()
+
+    watch = MemoryWatch("mps", print, followers=[Follower()], interval=0.01,
+                        read=lambda: hang.wait(60))
+    watch.start()
+    for _ in range(5):
+        assert ticked.acquire(timeout=30)
+    began = time.monotonic()
+    watch.stop()
+    assert time.monotonic() - began < 1.0
+    assert not watch.thread.is_alive() and watch.reader.is_alive()  # the reading still hangs
+    hang.set()
 
 
 def test_a_reading_that_fails_does_not_end_the_watch(monkeypatch):
@@ -221,6 +259,11 @@ def limited():
 
 
 def test_a_child_past_its_memory_limit_gets_one_warning(tmp_path, limited):
+    import psutil
+
+    # The line says swapping only where the machine has swap (this one may have none).
+    state = "is swapping hard" if psutil.swap_memory().total else "is short of memory"
+    expected = f"mpslaunch: warning: the machine {state} ("
     script = write_script(tmp_path, "thrash.py", THRASH)
     launcher = subprocess.Popen([sys.executable, "-m", "mpslaunch", "launch", "--cpu", str(script),
                                  str(limited), str(tmp_path)], stdout=subprocess.PIPE,
@@ -230,15 +273,16 @@ def test_a_child_past_its_memory_limit_gets_one_warning(tmp_path, limited):
         while not warnings and time.monotonic() < deadline:
             ready, _, _ = select.select([launcher.stderr], [], [], 1.0)
             line = launcher.stderr.readline() if ready else ""
-            if line.startswith("mpslaunch: warning: the machine is swapping hard"):
+            if line.startswith("mpslaunch: warning: the machine "):
                 warnings.append(line)
     finally:
         (tmp_path / "stop").write_text("")
     stdout, rest = launcher.communicate(timeout=120)
     assert warnings, "no warning while the child thrashed"
     assert launcher.returncode == 0 and stdout == "stopped\n", rest
+    assert warnings[0].startswith(expected), warnings[0]
     assert "processes waited for memory" in warnings[0] and "smaller batch size" in warnings[0]
-    assert "mpslaunch: warning: the machine is swapping hard" not in rest  # one line only
+    assert "mpslaunch: warning: the machine " not in rest  # one line only
     assert rest.strip().splitlines()[-1].startswith("mpslaunch: ended after ")
 
 

@@ -54,6 +54,17 @@ def test_the_line_from_its_parts():
     assert end_line(75, 0, None, None, None) == "ended after 1 min 15 s, exit code 0"
 
 
+def test_on_macos_the_line_says_which_memory_it_counts():
+    assert end_line(3, 0, 8 * 2**30, None, None, measure=summary.FOOTPRINT) == (
+        "ended after 3.0 s, exit code 0; peak memory footprint 8.00 GB, GPU included")
+    assert end_line(3, 0, 3 * 2**30, 5 * 2**30, None, measure=summary.FOOTPRINT) == (
+        "ended after 3.0 s, exit code 0; peak memory footprint 3.00 GB in the largest rank, "
+        "5.00 GB all ranks together, GPU included")
+    assert end_line(3, 0, 300 * MB, None, None, measure=summary.RESIDENT_ON_MAC) == (
+        "ended after 3.0 s, exit code 0; peak resident memory 300 MB (the GPU's memory not "
+        "included: macOS's footprint could not be read)")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT])
 def test_native_crash_signals_are_named(signum):
     name = signal.Signals(signum).name

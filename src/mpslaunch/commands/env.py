@@ -145,14 +145,17 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
     try:
         loaded = profile_files.read_active(config_file, profile_name)
     except MpslaunchError as error:
-        return {"profile_path": None, "profile": f"unreadable: {error}", "launcher_choice": "none: no profile"}
+        return {"profile_path": None, "profile": f"unreadable: {error}",
+                "launcher_choice": "none: no profile", "launcher_warnings": []}
     profile, path = loaded.profile, loaded.path
     values = profile.to_dict() if path else "none: defaults"
     try:
-        choice = prepare(LaunchOptions(), environ=environ, loaded=loaded, machine=machine).choice()
+        decision = prepare(LaunchOptions(), environ=environ, loaded=loaded, machine=machine)
+        choice, warnings = decision.choice(), list(decision.warnings)
     except MpslaunchError as error:
-        choice = f"refuses: {error}"
-    return {"profile_path": str(path) if path else None, "profile": values, "launcher_choice": choice}
+        choice, warnings = f"refuses: {error}", []
+    return {"profile_path": str(path) if path else None, "profile": values,
+            "launcher_choice": choice, "launcher_warnings": warnings}
 
 
 # ---------------------------------------------------------------- printing
@@ -185,6 +188,7 @@ def as_markdown(facts: dict[str, Any]) -> str:
     else:
         lines.append(f"- Profile: {profile}")
     lines.append(f"- Launcher would choose: {facts['launcher_choice']}")
+    lines += [f"- Launcher would warn: {warning}" for warning in facts.get("launcher_warnings", [])]
     if facts.get("accelerate_default_config"):
         lines.append(f"- Accelerate default config: {facts['accelerate_default_config']}")
     lines.append("```")

@@ -1,6 +1,6 @@
 """What this computer is: its platform facts (facts.py), torch's own verdict on mps, asked in a
 child Python and kept per Python, torch and macOS build (torch_check.py), and its place on the
-network (network.py). Probed with the standard library only: the launcher never imports torch.
+network (network.py); on a Mac, what keeps it awake and its power source (power.py). Probed with the standard library only: the launcher never imports torch.
 Tests describe other computers as `Machine` values. torch's verdict is imported on first use.
 """
 
@@ -13,4 +13,5 @@ from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, 
 
 __getattr__ = lazy_names(__name__, {
     "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "cache_dir", "run_torch_check"),
+    "power": ("CAFFEINATE",),
 })

@@ -1,8 +1,8 @@
 """What this computer is: platform facts probed with the standard library only.
 
 The launcher does not import torch on the one-process path (the child imports it anyway), so
-facts come from os.uname, one sysctl call on macOS, /proc and /dev on Linux, and torch's
-version.py read as text; what torch itself says about mps on a Mac comes from a child Python,
+facts come from os.uname, one sysctl call on macOS (and pmset for the power source), /proc and
+/dev on Linux, and torch's and Accelerate's versions read as text; what torch itself says about mps on a Mac comes from a child Python,
 cached (torch_check.py). Tests build `Machine` values by hand to describe computers we do not own.
 """
 
@@ -44,6 +44,9 @@ class Machine:
     name_lookup: tuple[str, tuple[str, ...]] | None = None  # a host name and what it resolved to
     # Probed only for several machines (with_own_name): this machine's host name and its addresses.
     own_name: tuple[str, tuple[str, ...]] | None = None
+    accelerate_version: str | None = None  # installed Accelerate, e.g. "1.15.0"; None if absent
+    caffeinate: bool = True  # macOS: caffeinate, which keeps the Mac awake, is on PATH
+    on_battery: bool | None = None  # macOS: it runs on its battery; None: unknown
 
     @property
     def is_mac(self) -> bool:
@@ -55,8 +58,8 @@ class Machine:
 
 
 def probe() -> Machine:
-    """The Machine this process runs on. Cheap: a few file reads; on macOS one sysctl call and
-    the cached mps verdict."""
+    """The Machine this process runs on. Cheap: a few file reads; on macOS one sysctl call, one
+    pmset call and the cached mps verdict."""
     system, arch = os.uname().sysname, os.uname().machine  # platform.* costs an import
     is_mac = system == "Darwin"
     mac = _mac_sysctls() if is_mac else {}
@@ -74,6 +77,9 @@ def probe() -> Machine:
         python=sys.executable,
         virtual_machine=mac.get("kern.hv_vmm_present") == "1",
         os_build=mac.get("kern.osversion"),
+        # Accelerate's faults the plan knows are on mps only: not read elsewhere.
+        accelerate_version=_accelerate_version() if is_mac else None,
+        **(_sleep_facts() if is_mac else {"caffeinate": False}),
     )
     key = mps_cache_key(machine)
     if not key:  # not a Mac with torch: no verdict is kept
@@ -222,17 +228,41 @@ def _sysctl(name: str) -> str | None:
 def _torch_build_facts() -> dict[str, str]:
     """`__version__` and `cuda` from torch/version.py, read as text: importing torch costs seconds
     (and importlib.metadata, an import of its own on every launch)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    version_file = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
-    try:
-        with open(version_file) as stream:
-            text = stream.read()
-    except OSError:
-        return {}
-    found = re.findall(r"^(__version__|cuda)\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    found = _assignments(_package_text("torch", "version.py"), "__version__|cuda")
     return {name: value.split("+")[0] if name == "__version__" else value for name, value in found}
+
+
+def _sleep_facts() -> dict:
+    """macOS: whether caffeinate is on PATH, and whether the Mac runs on its battery."""
+    import shutil
+
+    from mpslaunch.machine import power
+
+    return {"caffeinate": shutil.which(power.CAFFEINATE) is not None,
+            "on_battery": power.on_battery()}
+
+
+def _accelerate_version() -> str | None:
+    """Accelerate's `__version__` from its __init__.py, read as text (importing it imports torch)."""
+    found = dict(_assignments(_package_text("accelerate", "__init__.py"), "__version__"))
+    return found.get("__version__")
+
+
+def _package_text(package: str, file: str) -> str:
+    """The text of `file` in an installed package's folder, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    try:
+        with open(os.path.join(next(iter(spec.submodule_search_locations)), file)) as stream:
+            return stream.read()
+    except OSError:
+        return ""
+
+
+def _assignments(text: str, names: str) -> list[tuple[str, str]]:
+    """(name, string) for each top-level `name = "string"` of those `names` (a regex) in `text`."""
+    return re.findall(rf"^({names})\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
 
 
 def visible_nvidia_gpus() -> tuple[str, ...]:

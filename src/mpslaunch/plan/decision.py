@@ -15,6 +15,7 @@ from mpslaunch.plan.child import (REMOVED_WHY, accelerate_environment, accelerat
                                   check_multi_gpu, child_command, child_environment, no_effect,
                                   other_launchers_variables, replaced_values, with_gpu_ids)
 from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
+from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
                                       own_name_problem, several_machines_settings)
 from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, KNOWN_KEYS, LaunchOptions, LaunchRequest,
@@ -152,7 +153,7 @@ def decide_settings(settings: Profile, options: LaunchOptions, machine: Machine,
         one_per_gpu=one_per_gpu and device == "cuda",
         accelerate_notes=accelerate_notes(options, settings, device, env),
         replaced=replaced_values(env, environ),
-        keep_awake=settings.keep_awake and machine.is_mac,
+        keep_awake=settings.keep_awake and machine.is_mac and machine.caffeinate,
         removed={} if multi else other_launchers_variables(environ),
     )
 
@@ -217,10 +218,29 @@ def with_flags(profile: Profile, options: LaunchOptions) -> Profile:
 
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:
+    found = []
     if device == "cpu" and settings.num_processes > machine.cpu_count:
-        return (f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
-                "expect them to be slower than fewer processes",)
+        found.append(f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
+                     "expect them to be slower than fewer processes")
     if device == "mps" and machine.virtual_machine:
-        return ("mps in a macOS virtual machine is known to fail (allocations refused, results "
-                "that differ); --device auto plans cpu here",)
+        found.append("mps in a macOS virtual machine is known to fail (allocations refused, "
+                     "results that differ); --device auto plans cpu here")
+    found += warnings_for(machine.torch_version, machine.chip, machine.macos_version,
+                          settings.mixed_precision, device, machine.accelerate_version)
+    return (*found, *_sleep_warnings(settings, machine))
+
+
+_SILENCE_SLEEP = "keep_awake: false in the profile (or --no_keep_awake) silences this"
+
+
+def _sleep_warnings(settings: Profile, machine: Machine) -> tuple[str, ...]:
+    """What may pause a run on a Mac (docs/mps-facts.md: Sleep on a Mac)."""
+    if not (settings.keep_awake and machine.is_mac):
+        return ()
+    if not machine.caffeinate:
+        return ("caffeinate is not on PATH (it is /usr/bin/caffeinate), so nothing keeps this "
+                f"Mac awake: it may sleep and pause the run; {_SILENCE_SLEEP}",)
+    if machine.on_battery:
+        return ("this Mac runs on its battery: closing the lid sleeps it and pauses the run; "
+                + _SILENCE_SLEEP,)
     return ()

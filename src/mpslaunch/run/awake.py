@@ -14,7 +14,8 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-CAFFEINATE = "caffeinate"
+from mpslaunch.machine import CAFFEINATE
+
 _STOP_SECONDS = 2.0
 
 

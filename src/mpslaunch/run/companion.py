@@ -50,7 +50,8 @@ class Run:
         crash = (summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)
                  if returncode is not None else None)
         largest, total = self.peaks.result()
-        output.say(summary.end_line(self.clock.elapsed(), code, largest, total, log_folder, crash))
+        output.say(summary.end_line(self.clock.elapsed(), code, largest, total, log_folder, crash,
+                                    self.peaks.measure))
 
 
 @contextmanager
@@ -69,5 +70,6 @@ def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple
         try:
             yield run
         finally:
+            run.clock.stop()
             watcher.stop()
 

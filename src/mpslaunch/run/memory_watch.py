@@ -1,5 +1,6 @@
 """Memory pressure while a run lasts: the machine's memory read every few seconds from outside
-the script, and one warning line when the machine starts swapping hard.
+the script, and one warning line when the machine starts swapping hard (or, on a machine
+without swap, runs short of memory).
 
 On unified memory a batch that does not fit does not fail: the Mac swaps and training slows
 down many times without a word. What counts as swapping hard (`hard_swapping`, pure):
@@ -8,7 +9,8 @@ down many times without a word. What counts as swapping hard (`hard_swapping`, p
 - Linux: processes waited for memory a tenth of the time since the last reading (pressure stall
   information), or swap-in is fast while little memory is left.
 At most one line per WARN_EVERY_SECONDS. The readings cost a few file reads (on macOS one
-`sysctl` call) per interval, in a daemon thread.
+`sysctl` call) per interval, in a daemon thread of their own: a reading that hangs delays
+neither the followers' ticks (the peak memory) nor the end of the run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Reading:
     swapped_in: int  # bytes swapped (on macOS: paged) in since boot
     pressure_level: int | None = None  # macOS only
     stall_us: int | None = None  # Linux only: microseconds some process waited for memory
+    swap_total: int | None = None  # bytes of swap the machine has now; 0: none at all
 
 
 def read_memory() -> Reading:
@@ -42,7 +45,8 @@ def read_memory() -> Reading:
 
     memory, swap = psutil.virtual_memory(), psutil.swap_memory()
     return Reading(time.monotonic(), memory.available, memory.total, swap.sin,
-                   machine.memory_pressure_level(), machine.memory_stall_microseconds())
+                   machine.memory_pressure_level(), machine.memory_stall_microseconds(),
+                   swap.total)
 
 
 def hard_swapping(before: Reading, now: Reading) -> str | None:
@@ -68,7 +72,9 @@ def hard_swapping(before: Reading, now: Reading) -> str | None:
 
 def warning_line(why: str, now: Reading, device: str) -> str:
     cap = ", a lower mps_memory_cap in the profile (torch then stops at the cap)" if device == "mps" else ""
-    return (f"the machine is swapping hard ({why}; {_size(now.available)} of "
+    # Without swap the waits are page-cache reclaim, not swapping: say only what is true.
+    state = "is short of memory" if now.swap_total == 0 else "is swapping hard"
+    return (f"the machine {state} ({why}; {_size(now.available)} of "
             f"{_size(now.total)} available), which slows training down many times; use a "
             f"smaller batch size{cap}, or fewer DataLoader workers (num_workers)")
 
@@ -93,34 +99,45 @@ class PressureJudge:
 
 
 class MemoryWatch:
-    """A daemon thread: every `interval` seconds, `tick()` of each follower, and every
-    SAMPLE_SECONDS a reading judged by PressureJudge; a warning goes to `say`."""
+    """Two daemon threads: every `interval` seconds `tick()` of each follower, and every
+    SAMPLE_SECONDS a reading judged by PressureJudge, whose warning goes to `say`. stop() waits
+    for the ticks only, never for a reading that hangs (a sysctl that does not answer)."""
+
+    STOP_WAIT_SECONDS = 5.0  # for a tick in progress; a reading is not waited for
 
     def __init__(self, device: str, say, followers=(), interval: float = 1.0, read=read_memory):
         self.judge, self.say, self.read = PressureJudge(device), say, read
         self.followers, self.interval = list(followers), interval
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="mpslaunch-memory-watch", daemon=True)
+        self.thread = threading.Thread(target=self._tick_loop, name="mpslaunch-memory-watch",
+                                       daemon=True)
+        self.reader = threading.Thread(target=self._reading_loop, name="mpslaunch-memory-reading",
+                                       daemon=True)
 
     def start(self) -> None:
         self.thread.start()
+        self.reader.start()
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join()
+        self.thread.join(self.STOP_WAIT_SECONDS)
 
-    def _loop(self) -> None:
-        # The first reading waits an interval: the script starts first, not psutil's import.
-        next_reading = time.monotonic() + self.interval
+    def _tick_loop(self) -> None:
         while True:
             for follower in self.followers:
                 follower.tick()
-            if time.monotonic() >= next_reading:
-                next_reading = time.monotonic() + SAMPLE_SECONDS
-                line = self._judge()
-                if line:
-                    self.say(line)
             if self.stopping.wait(self.interval):
+                return
+
+    def _reading_loop(self) -> None:
+        # The first reading waits an interval: the script starts first, not psutil's import.
+        if self.stopping.wait(self.interval):
+            return
+        while not self.stopping.is_set():
+            line = self._judge()
+            if line and not self.stopping.is_set():
+                self.say(line)
+            if self.stopping.wait(max(SAMPLE_SECONDS, self.interval)):
                 return
 
     def _judge(self) -> str | None:

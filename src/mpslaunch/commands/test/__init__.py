@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from mpslaunch import run
@@ -20,8 +20,9 @@ from mpslaunch.settings import add_option, add_table_options, request_from_args
 HELP = """\
 Check that the plan works on this machine, through the real launch path: it runs a
 small check script the way `mpslaunch launch` would, and prints one line per check:
-the device each process got, a training step, the mixed precision, the MPS fallback
-(on mps) and an all-reduce (with several processes). Each failure says what to change;
+the device each process got, a training step, whether the device computes the CPU's
+numbers (a small model's training steps against the CPU in float64), the mixed
+precision, the MPS fallback (on mps) and an all-reduce (with several processes). Each failure says what to change;
 --json prints the plan and the checks as JSON instead. Exit status: 0 when every
 check passes, 1 when one fails, 2 when the plan itself is impossible here.
 
@@ -106,6 +107,7 @@ class Outcome:
     ok: bool
     detail: str
     fix: str = ""
+    figures: dict = field(default_factory=dict)  # rank -> what the check measured (--json)
 
 
 def collect(report_dir: Path, expected_ranks: int, child_code: int) -> list[Outcome]:
@@ -150,14 +152,16 @@ def _merge_checks(reports: list[dict]) -> list[Outcome]:
             by_name.setdefault(check["name"], []).append((report.get("rank", 0), check))
     outcomes = []
     for name, results in by_name.items():
+        figures = {str(rank): check["figures"] for rank, check in results if check.get("figures")}
         failed = [(rank, check) for rank, check in results if not check["ok"]]
         if not failed:
-            outcomes.append(Outcome(name, True, _passed_detail(results)))
+            outcomes.append(Outcome(name, True, _passed_detail(results), figures=figures))
             continue
         ranks = ", ".join(str(rank) for rank, _ in failed)
         first = failed[0][1]
         where = f"rank{'s' if len(failed) > 1 else ''} {ranks}: " if len(reports) > 1 else ""
-        outcomes.append(Outcome(name, False, where + first["detail"], first.get("fix", "")))
+        outcomes.append(Outcome(name, False, where + first["detail"], first.get("fix", ""),
+                                figures))
     return outcomes
 
 

@@ -1,7 +1,8 @@
 """The check script `mpslaunch test` launches in every rank: an ordinary script that knows the
 plan only from its arguments and checks what this process actually got. Standard library, torch
-and (optionally) accelerate only. Each rank writes REPORT_DIR/rank-<RANK>.json and exits 0 (a
-nonzero exit would make torchrun stop the others before they report); a watchdog ends a hung rank.
+and (optionally) accelerate only, and number_check.py beside it (a script's own folder is on its
+path). Each rank writes REPORT_DIR/rank-<RANK>.json and exits 0 (a nonzero exit would make
+torchrun stop the others before they report); a watchdog ends a hung rank.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import threading
 import warnings
 from datetime import timedelta
 
+import number_check
+
 WHAT_TO_REPORT = "run `mpslaunch env` and report it with this output"
 
 
@@ -29,9 +32,11 @@ class Checks:
         self.running = "start-up"
         self.lock = threading.Lock()
 
-    def record(self, name: str, ok: bool, detail: str, fix: str = "") -> None:
+    def record(self, name: str, ok: bool, detail: str, fix: str = "",
+               figures: dict | None = None) -> None:
         with self.lock:
-            self.results.append({"name": name, "ok": ok, "detail": detail, "fix": fix})
+            self.results.append({"name": name, "ok": ok, "detail": detail, "fix": fix,
+                                 **({"figures": figures} if figures else {})})
 
     def write(self) -> None:
         with self.lock:
@@ -205,7 +210,7 @@ def _autocast_step(torch, device, precision: str) -> tuple[str, str]:
     torch.manual_seed(0)
     model = tiny_model(torch).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = _grad_scaler(torch, device.type) if precision == "fp16" else None
+    scaler = number_check.grad_scaler(torch, device.type) if precision == "fp16" else None
     inputs, labels = tiny_batch(torch, device)
     with torch.autocast(device_type=device.type, dtype=dtype):
         logits = model(inputs)
@@ -225,11 +230,14 @@ def _autocast_step(torch, device, precision: str) -> tuple[str, str]:
     return f"{precision}: autocast computes in {dtype}, step{scaled} works on {device}", ""
 
 
-def _grad_scaler(torch, device_type: str):
-    amp_scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
-    if amp_scaler is not None:
-        return amp_scaler(device_type)
-    return torch.cuda.amp.GradScaler()  # torch < 2.3
+def check_numbers(checks: Checks, name: str, torch, planned: str, precision: str) -> None:
+    """The device's numbers against the CPU's float64, through a few training steps."""
+    result = number_check.compare(torch, rank_device(torch, planned), precision)
+    fix = "" if result.ok else (
+        f"{planned} computes other numbers than the CPU: see the plan line's warnings and "
+        "docs/mps-facts.md, \"Known faults\", in mpslaunch's repository; upgrade torch, try "
+        "--mixed_precision no, or compare with --cpu; " + WHAT_TO_REPORT)
+    checks.record(name, result.ok, number_check.describe(result), fix, result.figures())
 
 
 # ---- mps fallback and all-reduce -------------------------------------------------------------
@@ -293,6 +301,7 @@ def main(argv: list[str]) -> int:
     device = args.expect_device
     accelerator = run_check(checks, "device", check_device, torch, device)
     run_check(checks, "train step", check_train_step, torch, device)
+    run_check(checks, "numbers", check_numbers, torch, device, args.expect_precision)
     run_check(checks, "mixed precision", check_mixed_precision, torch, device,
               args.expect_precision, accelerator)
     if device == "mps":
