@@ -39,10 +39,6 @@ class InputError(Exception):
     """Bad input: reported as one line, `complete_cv_example: error: ...`, and exit code 2."""
 
 
-class SaveFailed(Exception):
-    """A checkpoint or the model that could not be written: one line and exit code 1."""
-
-
 def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
     """The class names, then the training and the evaluation (path, class) pairs, 80/20."""
     samples = []
@@ -63,12 +59,12 @@ def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
 
 
 class EpochOrder(RandomSampler):
-    """A shuffle drawn from (--seed, epoch) alone, of (index, epoch) pairs: an image's crop and
-    flip come from its pair, the same in any worker, in a run that goes on or resumes mid-epoch."""
+    """A shuffle drawn from the epoch alone, of (index, epoch) pairs: an image's crop and flip
+    come from its pair, the same in any worker, in a run that goes on or resumes mid-epoch."""
 
     def set_epoch(self, epoch: int) -> None:  # the prepared loader's set_epoch() calls it
         self.epoch = epoch
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        self.generator.manual_seed(epoch)
 
     def __iter__(self):
         return ((index, self.epoch) for index in super().__iter__())
@@ -117,9 +113,7 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
     return (images.float() - 114.5) / 57.6  # ImageNet's mean and spread of pixel values
 
 
-class Progress(dict):
-    """{"global_step", "eval_accuracies"}: register_for_checkpointing puts it in each checkpoint."""
-
+class Progress(dict):  # {"global_step", "eval_accuracies"}: in each checkpoint
     def state_dict(self) -> dict:
         return dict(self)
 
@@ -136,9 +130,9 @@ def save_whole(accelerator, save, final: Path) -> Path:
     except (OSError, RuntimeError) as error:  # torch.save and safetensors raise one of them
         shutil.rmtree(partial, ignore_errors=True)
         free = shutil.disk_usage(final.parent).free / 2**20
-        raise SaveFailed(f"cannot save {final} ({free:,.1f} MiB free there: "
-                         f"{str(error).strip().splitlines()[0]}); make room or choose another "
-                         "--output_dir; the checkpoints before it are whole") from None
+        sys.exit(f"{PROG}: error: cannot save {final} ({free:,.1f} MiB free there: "  # code 1
+                 f"{str(error).strip().splitlines()[0]}); make room or choose another "
+                 "--output_dir; the checkpoints before it are whole")
     accelerator.wait_for_everyone()  # each process has written its part (its random states)
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)  # the model of an earlier run
@@ -183,8 +177,7 @@ def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
     options = dict(batch_size=args.batch_size, num_workers=workers, persistent_workers=workers > 0,
                    pin_memory=device.type == "cuda", worker_init_fn=ignore_stop_signals,
                    generator=torch.Generator())  # its own: the training's (dropout's) stays as is
-    order = EpochOrder(train_set, generator=torch.Generator())
-    order.seed = args.seed
+    order = EpochOrder(train_set, generator=torch.Generator())  # reseeded at each epoch
     train_loader = DataLoader(datasets[0], sampler=order, drop_last=True, **options)
     eval_loader = DataLoader(datasets[1], **options)
     if device.type != "mps":  # channels_last speeds convolutions up on CUDA and CPUs, not MPS
@@ -313,9 +306,6 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # every process finds it; the first one says it
             print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    except SaveFailed as error:  # in each process that could not write
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # a second Ctrl-C
         print(f"{PROG}: stopped without a checkpoint", file=sys.stderr)
         return 128 + signal.SIGINT
