@@ -1,5 +1,6 @@
-"""How long the check takes on a 2,000-line training script, and what it adds to `mpslaunch
-launch`: `launch --cpu s.py` against `launch --cpu --no_check s.py` and `python s.py`.
+"""How long the check takes on a 1,500-line training script, what it adds to Python's own
+start and to `mpslaunch launch` (`launch --cpu s.py` against `launch --cpu --no_check s.py` and
+`python s.py`), and how time and memory grow on a huge file.
 
 The script is generated: 2,000 lines of ordinary training code (models, datasets, loaders,
 training and evaluation loops, checkpoints), every function reachable from main(); its main()
@@ -10,12 +11,17 @@ the script (only the functions a rule can be about parsed), and launch's check o
 seen before (the kept findings read back). The launch commands alternate, medians compared;
 "cold" gives every launch an empty cache folder. The "stub torch" rows run the same script
 with a do-nothing torch package beside it, so the child starts in milliseconds and the
-launcher's own cost, and the check's share of it, show.
+launcher's own cost, and the check's share of it, show. "Python's own start" is `python -c
+pass` against a Python that imports the check and runs launch's first check of the script,
+in turn. The huge file is many small functions (the shape that made the check grow as
+functions times file size), checked whole in a child of its own beside a bare `ast.parse`:
+seconds and peak memory (maxrss).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -27,6 +33,7 @@ from pathlib import Path
 
 HEADER = '''"""A generated training script: many models, loaders and loops."""
 import argparse
+import json
 import os
 
 import torch
@@ -197,6 +204,56 @@ def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
     return times
 
 
+CHECK_IN_A_CHILD = """
+import ast, json, resource, sys, time
+from pathlib import Path
+start = time.perf_counter()
+if sys.argv[2] == "parse":
+    ast.parse(Path(sys.argv[1]).read_text())
+else:
+    from mpslaunch.check import Target, check_script
+    check_script(Path(sys.argv[1]), Target("mps", 1, "Darwin"), whole=sys.argv[2] == "check")
+print(json.dumps([time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))
+"""
+
+
+def huge_script(megabytes: float) -> str:
+    """Many small functions, each called once and putting a tensor on cuda."""
+    parts, size, index = ["import torch\n\n"], 0, 0
+    while size < megabytes * 1e6:
+        part = f"def step_{index}(x):\n    y = x * {index} + 1\n    return y.cuda()\n\n\nstep_{index}(torch.ones(1))\n\n"
+        parts.append(part)
+        size += len(part)
+        index += 1
+    return "".join(parts)
+
+
+def time_huge(script: Path) -> dict[str, tuple[float, float]]:
+    """(seconds, peak MB) of a bare parse and of the whole check, each in a child of its own."""
+    found = {}
+    for label, mode in (("ast.parse alone", "parse"), ("mpslaunch check (whole file)", "check")):
+        done = subprocess.run([sys.executable, "-c", CHECK_IN_A_CHILD, str(script), mode],
+                              capture_output=True, text=True, check=True)
+        seconds, maxrss = json.loads(done.stdout)
+        found[label] = (seconds, maxrss / 1024)  # Linux gives KiB
+    return found
+
+
+def time_start(script: Path, runs: int) -> dict[str, float]:
+    """Medians (ms) of Python's own start and of a start that runs launch's first check."""
+    code = ("import sys; from pathlib import Path; from mpslaunch.check import Target, check_script; "
+            "check_script(Path(sys.argv[1]), Target('mps', 1, 'Darwin'), whole=False)")
+    commands = {"python -c pass": [sys.executable, "-c", "pass"],
+                "python + launch's first check": [sys.executable, "-c", code, str(script)]}
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(runs + 1):
+        for name, command in commands.items():
+            start = time.perf_counter()
+            subprocess.run(command, check=True)
+            times[name].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(values[1:]) for name, values in times.items()}
+
+
 def mpslaunch_command() -> list[str]:
     found = shutil.which("mpslaunch", path=str(Path(sys.executable).parent))
     return [found] if found else [sys.executable, "-m", "mpslaunch"]
@@ -220,15 +277,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check_runs", type=int, default=30, help="timed checks of each kind (default 30)")
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (default 7)")
+    parser.add_argument("--lines", type=int, default=1500, help="lines of the script (default 1500)")
+    parser.add_argument("--huge_mb", type=float, default=1.9, help="size of the huge file (default 1.9 MB)")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-bench-"))
     script = folder / "s.py"
-    script.write_text(generated_script())
+    script.write_text(generated_script(options.lines))
     os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
     lines = script.read_text().count("\n")
     print(f"{lines}-line script, {options.check_runs} runs each: median ms (best)")
     for name, (median, best) in time_checks(script, options.check_runs).items():
         print(f"  {name:32} {median:7.1f} ({best:.1f})")
+    start = time_start(script, options.runs * 3)
+    print(f"Python's own start and the check, {options.runs * 3} alternating runs: median ms")
+    for name, value in start.items():
+        print(f"  {name:32} {value:7.1f}")
+    added = start["python + launch's first check"] - start["python -c pass"]
+    print(f"  {'the check adds':32} {added:7.1f}")
+    huge = folder / "huge.py"
+    huge.write_text(huge_script(options.huge_mb))
+    print(f"a huge file, {huge.stat().st_size / 1e6:.1f} MB: seconds, peak MB")
+    for name, (seconds, megabytes) in time_huge(huge).items():
+        print(f"  {name:32} {seconds:7.2f} {megabytes:7.0f}")
     stubbed = folder / "stub" / "s.py"
     for name, text in {"s.py": script.read_text(), **STUB_TORCH}.items():
         (stubbed.parent / name).parent.mkdir(parents=True, exist_ok=True)

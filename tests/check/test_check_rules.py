@@ -130,18 +130,164 @@ def test_no_workers_no_worker_findings(tmp_path):
 # ---------------------------------------------------------------- a one-file GPT trainer
 
 
-def test_module_constants_reach_the_rules_but_not_through_exec(tmp_path):
+def test_module_constants_reach_the_rules_and_a_config_run_by_exec_leaves_the_default(tmp_path):
     script = SCRIPTS / "gpt_trainer.py"
     to_device = {("gpt_trainer.py", line_of(script, "return x.to(device)"), "cuda-device"),
                  ("gpt_trainer.py", line_of(script, "model.to(device)"), "cuda-device")}
-    assert found(script, MAC) == to_device
-    assert found(script, LINUX_CPU_2) == to_device | {
+    # dtype is "float16" wherever CUDA is missing, so GradScaler(enabled=dtype == "float16") is on
+    scaler = {("gpt_trainer.py", line_of(script, "GradScaler("), "cuda-amp")}
+    assert found(script, MAC) == to_device | scaler
+    assert found(script, LINUX_CPU_2) == to_device | scaler | {
         ("gpt_trainer.py", line_of(script, "init_process_group(backend"), "nccl-cpu")}
     message = check_script(script, MAC).findings[0].message
     assert f'device (= "cuda", line {line_of(script, "device = ")})' in message
-    # a configurator exec()'d into the module can rebind any setting: nothing is assumed
+    # a configurator exec()'d into the module can rebind any setting: the default is reported
+    # once, where it is written, and says so
     body = script.read_text().replace('dtype = "bfloat16"', 'exec(open("configurator.py").read())\ndtype = "bfloat16"')
-    assert found(write_script(tmp_path, "configurable.py", body), MAC) == set()
+    configurable = write_script(tmp_path, "configurable.py", body)
+    default = ("configurable.py", line_of(configurable, 'device = "cuda"'), "cuda-default")
+    assert found(configurable, MAC) == {default, ("configurable.py", line_of(configurable, "GradScaler("), "cuda-amp")}
+    finding = next(f for f in check_script(configurable, MAC).findings if f.rule == "cuda-default")
+    assert "only a config file run by exec() may change" in finding.message
+    assert 'set device to "mps"' in finding.fix
+    assert found(configurable, LINUX_CUDA) == set()
+
+
+# ---------------------------------------------------------------- devices a script chooses itself
+
+
+NOT_A_MAC = [MAC_CPU, LINUX_CPU, LINUX_CUDA]
+
+
+@pytest.mark.parametrize("name, chosen_at", [
+    ("fallback_tutorial.py", 'torch.device("cuda" if torch.cuda.is_available() else "cpu")'),
+    ("fallback_flag.py", 'torch.device("cuda" if use_cuda else "cpu")'),
+    ("fallback_gan.py", "cuda = torch.cuda.is_available()"),
+])
+def test_a_device_chosen_between_cuda_and_the_cpu_is_named_once_on_a_mac(name, chosen_at):
+    script = SCRIPTS / name
+    assert found(script, MAC) == {(name, line_of(script, chosen_at), "cpu-fallback")}
+    (finding,) = check_script(script, MAC).findings
+    assert "on a Mac: the script trains on the CPU" in finding.message and not finding.breaks
+    assert 'torch.device(os.environ.get("MPSLAUNCH_DEVICE", "cpu"))' in finding.fix
+    assert "elif torch.backends.mps.is_available()" in finding.fix
+    for target in NOT_A_MAC:  # the CPU is the plan there, or CUDA is chosen
+        assert found(script, target) == set(), target
+
+
+def test_tensors_on_a_fallen_back_device_are_cpu_tensors_no_float64_finding():
+    script = SCRIPTS / "fallback_tutorial.py"
+    assert "float64-mps" not in {rule for _, _, rule in found(script, MAC)}
+    # the same line with the device written out as mps is a finding
+    assert found_in(script.read_text().replace('"cuda" if torch.cuda.is_available() else "cpu"', '"mps"'),
+                    MAC) == {("float64-mps", line_of(script, "dtype=torch.float64"))}
+
+
+def test_options_of_a_flag_fallback_are_read_in_the_branch_the_mac_takes():
+    # pin_memory and workers are set only under `if use_cuda:`, false on a Mac
+    rules = {rule for _, _, rule in found(SCRIPTS / "fallback_flag.py", MAC)}
+    assert rules == {"cpu-fallback"}
+
+
+def test_a_script_that_already_offers_mps_is_not_a_fallback(tmp_path):
+    body = (SCRIPTS / "fallback_tutorial.py").read_text().replace(
+        'torch.device("cuda" if torch.cuda.is_available() else "cpu")',
+        'torch.device("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")')
+    script = write_script(tmp_path, "offers_mps.py", body)
+    # no fall-back; and the float64 tensor is now on mps, where it fails
+    assert found(script, MAC) == {("offers_mps.py", line_of(script, "dtype=torch.float64"), "float64-mps")}
+
+
+def test_guards_are_read_by_what_they_test_not_by_their_words():
+    script = SCRIPTS / "accelerate_guards.py"
+    expected = {("accelerate_guards.py", line_of(script, "state = torch.load(args.resume)"), "load-map-location"),
+                ("accelerate_guards.py", line_of(script, 'shadow.to(device="cuda")'), "cuda-device"),
+                ("accelerate_guards.py", line_of(script, 'torch.autocast("cuda")'), "cuda-amp")}
+    # main process, gradient sync, `args.gpu is None` (true by default): none keeps cuda away
+    assert found(script, MAC) == expected
+    assert found(script, LINUX_CPU) == expected
+    assert found(script, LINUX_CUDA) == set()
+
+
+def test_an_assert_or_an_exit_without_cuda_guards_what_follows():
+    script = SCRIPTS / "gpu_required.py"
+    # only the load before the assert; after it, and after `if not ...: sys.exit()`, nothing runs
+    assert found(script, MAC) == {("gpu_required.py", line_of(script, "torch.load(checkpoint)"), "load-map-location")}
+
+
+def test_an_option_defaulting_to_cuda_is_named_with_what_to_pass():
+    script = SCRIPTS / "device_option.py"
+    option = line_of(script, '"--device", default="cuda"')
+    flag = line_of(script, '"cuda" if args.gpu else "cpu"')
+    assert found(script, MAC) == {("device_option.py", option, "cuda-default"),
+                                  ("device_option.py", flag, "cuda-device")}
+    default = [f for f in check_script(script, MAC).findings if f.rule == "cuda-default"][0]
+    assert default.message.startswith('--device defaults to "cuda"') and default.fix == "pass --device mps"
+    on_cpu = [f for f in check_script(script, LINUX_CPU).findings if f.rule == "cuda-default"][0]
+    assert on_cpu.fix == "pass --device cpu"
+    assert found(script, LINUX_CUDA) == set()
+
+
+def test_checkpoints_the_script_writes_itself_load_where_they_were_saved():
+    script = SCRIPTS / "checkpoints.py"
+    expected = {("checkpoints.py", line_of(script, "torch.load(args.init))"), "load-map-location"),
+                ("checkpoints.py", line_of(script, 'map_location=f"cuda:{rank}"'), "load-map-location"),
+                ("checkpoints.py", line_of(script, "map_location=first_gpu"), "load-map-location")}
+    assert found(script, MAC) == expected
+    assert found(script, LINUX_CPU) == expected
+    assert found(script, LINUX_CUDA) == set()
+    texts = " ".join(f.message for f in check_script(script, MAC).findings)
+    assert 'map_location=first_gpu (= "cuda:0", line' in texts and 'map_location=f"cuda:..."' in texts
+
+
+def test_pin_memory_in_a_kwargs_dict_and_a_scaler_switched_on_by_the_plan():
+    script = SCRIPTS / "loader_kwargs.py"
+    assert found(script, MAC) == {("loader_kwargs.py", line_of(script, "DataLoader(data"), "pin-memory-mps"),
+                                  ("loader_kwargs.py", line_of(script, "GradScaler(enabled=half)"), "cuda-amp")}
+    assert found(script, LINUX_CPU) == {("loader_kwargs.py", line_of(script, "GradScaler(enabled=half)"), "cuda-amp")}
+    assert found(script, LINUX_CUDA) == set()
+
+
+STAR_AND_DEFAULTS = """\
+import argparse
+from helpers import *  # brings torch along
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--pin", action="store_true")
+parser.add_argument("--no-pin", dest="pin", action="store_false")
+parser.set_defaults(pin=True)
+args = parser.parse_args()
+weights = torch.load("pretrained.pt")
+loader = torch.utils.data.DataLoader(list(range(8)), pin_memory=args.pin)
+"""
+
+
+def test_torch_through_a_star_import_and_an_option_set_by_set_defaults():
+    assert found_in(STAR_AND_DEFAULTS, MAC) == {("load-map-location", 9), ("pin-memory-mps", 10)}
+    assert found_in(STAR_AND_DEFAULTS.replace("set_defaults(pin=True)", "set_defaults(pin=False)"), MAC) == {
+        ("load-map-location", 9)}
+
+
+def test_in_a_notebook_an_unpicklable_function_belongs_in_a_module(tmp_path):
+    import json
+
+    cells = ["import torch\nfrom torch.utils.data import DataLoader",
+             "loader = DataLoader(list(range(8)), num_workers=2, collate_fn=lambda batch: batch)"]
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                "cells": [{"cell_type": "code", "metadata": {}, "source": cell, "outputs": [],
+                           "execution_count": None} for cell in cells]}
+    script = write_script(tmp_path, "train.ipynb", json.dumps(notebook))
+    (finding,) = check_script(script, MAC).findings
+    assert finding.rule == "workers-pickle"
+    assert finding.fix == "define collate_fn in a .py module beside the notebook, and import it"
+
+
+def found_in(text: str, target: Target) -> set[tuple[str, int]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = write_script(Path(folder), "script.py", text)
+        return {(f.rule, f.line) for f in check_script(script, target).findings}
 
 
 # ---------------------------------------------------------------- silence where nothing breaks

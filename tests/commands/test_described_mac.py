@@ -112,6 +112,17 @@ def test_env_asks_again_and_replaces_the_kept_answer(isolated_cache_dir):
     assert entry["usable"] is False and entry["checked_at"] != "2000-01-01 00:00"
 
 
+def test_config_show_plans_as_launch_does_with_torchs_answer(isolated_cache_dir):
+    """`config show` goes through launch's own preparation: on a Mac where torch was never asked,
+    it asks (and keeps the answer), so it says cpu with torch's reason, as launch would plan."""
+    shown = on_a_mac("config", "show")
+    assert shown.returncode == 0, shown.stderr
+    line = shown.stdout.strip().splitlines()[-1]
+    assert line.startswith("on this machine: device auto -> cpu: torch "), line
+    assert "cannot use mps on this Mac: this torch build has no mps" in line
+    assert cache_file(isolated_cache_dir).exists()
+
+
 def test_the_python_api_plans_with_torchs_answer_too(tmp_path):
     script = write_script(tmp_path, "train.py", "import os; print(os.environ['MPSLAUNCH_DEVICE'])\n")
     code = ON_A_MAC.replace("sys.exit(cli.main(sys.argv[2:]))",

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import MACHINES, run_cli, write_script
 from mpslaunch import commands as cli, machine as machine_probe
-from mpslaunch.settings import accelerate_config, profile_files
+from mpslaunch.settings import profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.plan import resolve

@@ -9,8 +9,8 @@ import pytest
 
 from mpslaunch import commands as cli
 from mpslaunch.launcher import api
-from mpslaunch.settings import OPTIONS, LaunchOptions
-from mpslaunch.settings import Profile, check_value
+from mpslaunch.settings import (OPTIONS, PROFILE_OPTIONS, REQUEST_OPTIONS, LaunchOptions,
+                                LaunchRequest, Profile, check_value)
 
 
 def launch_parser():
@@ -48,3 +48,25 @@ def test_a_flag_refuses_what_its_profile_key_refuses_in_the_same_words(option):
     with pytest.raises(ValueError, match=f"^{option.spelling} ") as caught:
         option.parse(bad)
     assert str(caught.value) == f"{option.spelling} {why}"
+
+
+@pytest.mark.parametrize("written, options, default", [
+    (LaunchOptions, REQUEST_OPTIONS, lambda option: option.request_default),
+    (Profile, PROFILE_OPTIONS, lambda option: option.default),
+], ids=["LaunchOptions", "Profile"])
+def test_the_dataclasses_are_the_table_written_out(written, options, default):
+    """Each field in the table's order, with the option's type (or None when not given) and
+    default: an option added to the table and not to the dataclass (or the other way) fails."""
+    fields = dataclasses.fields(written)
+    assert [field.name for field in fields] == [option.name for option in options]
+    for field, option in zip(fields, options):
+        kind = option.kind.__name__ + (" | None" if default(option) is None else "")
+        assert (field.name, field.type, field.default) == (option.name, kind, default(option))
+
+
+def test_a_request_is_its_options_then_what_to_run():
+    names = [field.name for field in dataclasses.fields(LaunchRequest)]
+    assert names == [field.name for field in dataclasses.fields(LaunchOptions)] + ["target", "target_args"]
+    request = LaunchRequest("train.py", ("--epochs", "1"), cpu=True)
+    assert (request.target, request.target_args, request.cpu, request.device) == \
+        ("train.py", ("--epochs", "1"), True, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mpslaunch import lazy_names
 from mpslaunch.check.report import Finding, Report, ordered
 from mpslaunch.check.target import Target, described_target
 
@@ -50,3 +51,7 @@ def check_sources(sources: Sources, target: Target) -> Report:
         findings = in_cells(findings, script.shown, script.cells)
     return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
                   ordered(findings))
+
+
+# What the command line takes from here besides the above, imported on first use.
+__getattr__ = lazy_names(__name__, {"before_launch": ("Interrupted",), "report": ("as_json", "as_text")})

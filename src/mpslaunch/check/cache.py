@@ -20,7 +20,7 @@ from pathlib import Path
 from mpslaunch import __version__
 from mpslaunch.check.report import Finding, Report
 from mpslaunch.check.target import Target
-from mpslaunch.launcher.targets import current_folder, open_regular
+from mpslaunch.settings import current_folder, open_regular
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Reading a script and the modules it imports from its own folder, as syntax trees.
 
-Nothing is imported or run: each file is opened only when it is a regular file (targets.py),
+Nothing is imported or run: each file is opened only when regular (settings/paths.py),
 read as bytes, decoded (UTF-8 unless its coding line says otherwise), and parsed with `ast`; a
 notebook's code cells are read as one script (notebook.py). The script's own problems (missing,
 unreadable, not text, a syntax error, too big) are ScriptErrors; a module it imports with such a
@@ -24,7 +24,7 @@ from mpslaunch.check import cache
 from mpslaunch.check.selection import (has_main_guard_text, import_lines, selected_source,
                                       wanted_lines)
 from mpslaunch.output import MpslaunchError
-from mpslaunch.launcher.targets import current_folder, open_regular, unreadable
+from mpslaunch.settings import current_folder, open_regular, unreadable
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 from mpslaunch.check.target import Target
 
+FALLBACK = "cpu-fallback"  # the rule whose findings come first
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -26,15 +28,17 @@ class Report:
     target: Target
     files: tuple[str, ...]  # the files read, the script first
     skipped: tuple[str, ...]  # local modules that could not be read, one line each
-    findings: tuple[Finding, ...]  # what stops the run first, then by file and line
+    findings: tuple[Finding, ...]  # a CPU fall-back, what stops the run, then by file and line
 
 
 def ordered(findings: list[Finding]) -> tuple[Finding, ...]:
-    """Without duplicates (one message, one line), what stops the run first, each file's in order."""
+    """Without duplicates (one message, one line): a CPU fall-back first, since it decides how
+    fast the whole run is (and launch shows the first few), then what stops the run, each
+    file's in order."""
     unique = {(finding.file, finding.line, finding.rule, finding.message): finding for finding in findings}
     files = list(dict.fromkeys(finding.file for finding in findings))
-    return tuple(sorted(unique.values(),
-                        key=lambda f: (not f.breaks, files.index(f.file), f.line, f.rule)))
+    return tuple(sorted(unique.values(), key=lambda f: (
+        f.rule != FALLBACK, not f.breaks, files.index(f.file), f.line, f.rule)))
 
 
 def as_text(report: Report) -> str:

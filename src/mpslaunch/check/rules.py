@@ -1,30 +1,26 @@
 """The rules: what a call does on the target's plan, when that breaks the run or defeats it.
 
-A rule speaks only when it is sure: about literals (and names bound once to one), never about
-what a variable might hold at run time, and never under a condition that names the device
-(`if torch.cuda.is_available():`) or inside a try that catches the error. Each mps rule cites
-its fact in docs/mps-facts.md.
+A rule speaks only when it is sure: about literals (and names bound once to one), about what
+values.py can tell of an expression on the plan, never about what a variable might hold at
+run time, never in a branch a device test rules out or under one whose answer is unknown
+(walk.py), and never inside a try that catches the error. Each mps rule cites its fact in
+docs/mps-facts.md. The DataLoader rules are in loaders.py; the devices a script chooses for
+itself (the CPU fall-back, cuda as a default) in fallback.py.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 
+from mpslaunch.check import fallback, loaders
 from mpslaunch.check.report import Finding
-from mpslaunch.check.scan import FUNCTION_NODES, Project, Where, has_main_guard
+from mpslaunch.check.scan import Project, Where
 from mpslaunch.check.target import Target
+from mpslaunch.check.values import CUDA_TENSOR, Prefix, Values, is_cuda_text
 
 SCRIPTS_FOR_CUDA = "Scripts written for CUDA"  # docs/mps-facts.md sections
 PRECISION = "Precision"
-WORKERS = "DataLoader workers"
-
-# Words in a condition that show the script already chooses by device or precision.
-DEVICE_WORDS = ("cuda", "gpu", "mps", "device", "accelerat", "nvidia")
-AMP_WORDS = (*DEVICE_WORDS, "amp", "fp16", "half", "precision", "scaler", "autocast")
-FLOAT64_WORDS = ("mps", "device", "float64", "double", "dtype", "cpu", "precision")
-LOAD_WORDS = (*DEVICE_WORDS, "map_location", "cpu")
-NCCL_WORDS = ("cuda", "gpu", "nccl", "backend", "device")
-PIN_WORDS = (*DEVICE_WORDS, "pin")
 
 CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
 CUDA_SCALER = {"torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"}
@@ -32,57 +28,67 @@ AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.aut
 SCALER = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"}
 FLOAT64 = {"torch.float64", "torch.double"}
 DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+# torch.cuda functions that need a CUDA device (torch.cuda.manual_seed and the like do not).
+CUDA_CALLS = {"torch.cuda.set_device", "torch.cuda.synchronize", "torch.cuda.current_device",
+              "torch.cuda.get_device_name", "torch.cuda.get_device_properties"}
 # Methods whose device= places a tensor or a module.
 TENSOR_METHODS = ("to", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "to_empty")
-# DataLoader's positional parameters, in order.
-LOADER_PARAMETERS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
-                     "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
-                     "worker_init_fn", "multiprocessing_context")
-# Calls that keep the transforms they are given (so a lambda inside is pickled with the dataset).
-TRANSFORM_HOLDERS = {"Compose", "Lambda", "RandomApply", "RandomChoice", "RandomOrder",
-                     "partial", "Sequential"}
+_LETTER = re.compile(r"[A-Za-z]")
 
-BOOTSTRAP_ERROR = ("An attempt has been made to start a new process before the current "
-                   "process has finished its bootstrapping phase")
 MPS_FLOAT64_ERROR = "Cannot convert a MPS Tensor to float64 dtype"
 
 
 class Rules:
-    """Called for each call that can run; collects the findings for one target."""
+    """Called for each call that can run, and each branch; collects the findings for one target."""
 
     def __init__(self, target: Target, project: Project):
-        self.target = target
-        self.findings: list[Finding] = []
+        self.target, self.project = target, project
+        self.values = Values(target, project)
+        self.choices = fallback.Choices(self)
+        self._found: list[Finding] = []
         self.device_fix = ("accelerator.device" if project.uses_accelerate else
                            'torch.device(os.environ["MPSLAUNCH_DEVICE"])')
 
-    def __call__(self, call: ast.Call, where: Where) -> None:
+    @property
+    def findings(self) -> list[Finding]:
+        self.choices.findings()
+        return self._found
+
+    def call(self, call: ast.Call, where: Where) -> None:
         name = called_name(call)
         qualified = where.facts.qualified(call.func)
+        self.choices.arguments_of(call, qualified)
         if self.target.device != "cuda":
             self.hard_coded_cuda(call, name, qualified, where)
-            self.load_without_map_location(call, qualified, where)
+            self.load(call, qualified, where)
             self.cuda_amp(call, qualified, where)
             self.nccl(call, qualified, where)
+            if name == "add_argument":
+                fallback.option_default(self, call, where)
         if self.target.device == "mps":
             self.float64(call, name, qualified, where)
         if qualified in DATALOADER:
-            self.dataloader(call, where)
+            loaders.dataloader(self, call, where)
+
+    def branch(self, node: ast.AST, where: Where) -> None:
+        self.choices.branch(node, where)
 
     def add(self, where: Where, call: ast.AST, rule: str, message: str, fix: str,
             breaks: bool = True, fact: str | None = None) -> None:
-        self.findings.append(Finding(where.facts.source.shown, call.lineno, rule, message, fix,
-                                     breaks, fact))
+        self._found.append(Finding(where.facts.source.shown, call.lineno, rule, message, fix,
+                                   breaks, fact))
 
     # ------------------------------------------------------------ cuda written into the script
 
     def hard_coded_cuda(self, call: ast.Call, name: str | None, qualified: str | None,
                         where: Where) -> None:
-        if where.guarded_by(DEVICE_WORDS) or where.catches(("RuntimeError", "AssertionError")):
+        if where.device_unknown or where.catches(("RuntimeError", "AssertionError")):
             return
         what = None
         if name == "cuda" and isinstance(call.func, ast.Attribute) and qualified is None:
             what = ".cuda()"
+        elif qualified in CUDA_CALLS or CUDA_TENSOR.match(qualified or ""):
+            what = f"{qualified}()"
         elif qualified in ("torch.device", "torch.set_default_device") or (
                 name == "to" and isinstance(call.func, ast.Attribute) and qualified is None):
             shown = {"torch.device": "torch.device", "torch.set_default_device":
@@ -105,41 +111,85 @@ class Rules:
 
     def cuda_argument(self, node: ast.expr | None, shown: str, where: Where) -> str | None:
         """`.to("cuda:0")` (or `.to(device)` with the line that binds device to "cuda") when
-        node is a cuda device literal; None otherwise."""
-        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
-                and str(node.values[0].value).startswith("cuda"):
-            text = f'f"{node.values[0].value}..."'
-        else:
-            known = where.literal(node)
-            if known is None or not isinstance(known[0], str) or not is_cuda(known[0]):
-                return None
+        node is a cuda device; None otherwise."""
+        text = self.cuda_text(node, where)
+        if text is None:
+            return None
+        what = f"{shown}{text}" if shown.endswith("=") else f"{shown}({text})"
+        return f"{what}, cuda unless an option says otherwise," if isinstance(node, ast.IfExp) else what
+
+    def cuda_text(self, node: ast.expr | None, where: Where) -> str | None:
+        """How to show node when it names a cuda device: a literal, f"cuda:{rank}", a name
+        bound once to one, or `"cuda" if test else "cpu"` where the test holds on the plan. A
+        module-level default that exec() may rebind is reported once at its line instead."""
+        if isinstance(node, ast.Name) and fallback.module_default(self, node, where):
+            return None
+        known = where.literal(node)
+        if known is not None:
             value, line = known
-            text = f'"{value}"' if line is None else f'{node.id} (= "{value}", line {line})'
-        return f"{shown}{text}" if shown.endswith("=") else f"{shown}({text})"
+            if not is_cuda_text(value):
+                return None
+            return f'"{value}"' if line is None else f'{node.id} (= "{value}", line {line})'
+        if isinstance(node, ast.Name):
+            if node.id not in where.facts.cuda_names:
+                return None
+            bound, _ = where.scope.lookup(node.id)
+            if not isinstance(bound, (ast.JoinedStr, ast.Call)) or bound.lineno == node.lineno:
+                return None
+            value = where.value(node)
+            return f'{node.id} (= {ast.unparse(bound)}, line {bound.lineno})' \
+                if isinstance(value, Prefix) and value.startswith("cuda") else None
+        value = where.value(node) if isinstance(node, (ast.IfExp, ast.JoinedStr, ast.Call)) else None
+        if isinstance(value, Prefix) and value.startswith("cuda"):
+            return f'f"{value}..."'
+        if isinstance(node, ast.IfExp) and is_cuda_text(value):
+            return ast.unparse(node)
+        return None
 
     # ------------------------------------------------------------ checkpoints
 
-    def load_without_map_location(self, call: ast.Call, qualified: str | None, where: Where) -> None:
-        if qualified != "torch.load" or len(call.args) > 1:
-            return
-        if any(keyword.arg in ("map_location", None) for keyword in call.keywords):
-            return
-        if where.guarded_by(LOAD_WORDS) or where.catches(("RuntimeError",)):
+    def load(self, call: ast.Call, qualified: str | None, where: Where) -> None:
+        if qualified != "torch.load" or where.device_unknown or where.catches(("RuntimeError",)):
             return
         on = "on a Mac" if self.target.device == "mps" else "without an NVIDIA GPU"
+        location = call.args[1] if len(call.args) > 1 else keyword_value(call, "map_location")
+        if location is not None:
+            text = self.cuda_text(location, where)
+            if text is not None:
+                self.add(where, call, "load-map-location",
+                         f"torch.load with map_location={text} puts the checkpoint on cuda, which "
+                         f'fails {on} ("Attempting to deserialize object on a CUDA device")',
+                         'write map_location="cpu" (then move the model to the device)',
+                         fact=SCRIPTS_FOR_CUDA)
+            return
+        if any(keyword.arg is None for keyword in call.keywords) or self.loads_own_file(call, where):
+            return
         self.add(where, call, "load-map-location",
                  f"torch.load without map_location: a checkpoint saved from cuda tensors fails to "
                  f'load {on} ("Attempting to deserialize object on a CUDA device")',
                  'write map_location="cpu" (then move the model to the device)', fact=SCRIPTS_FOR_CUDA)
 
+    def loads_own_file(self, call: ast.Call, where: Where) -> bool:
+        """Whether torch.load reads a file the script writes itself with torch.save (the same
+        path expression, or the same file name in it): saved here, it loads here."""
+        path = call.args[0] if call.args else keyword_value(call, "f")
+        if path is None:
+            return False
+        loaded = _path_forms(path, where.scope.lookup)
+        for facts in self.project.facts:
+            for saved in facts.saved_paths:
+                if loaded & _path_forms(saved, facts.binding):
+                    return True
+        return False
+
     # ------------------------------------------------------------ mixed precision
 
     def cuda_amp(self, call: ast.Call, qualified: str | None, where: Where) -> None:
-        if qualified is None or where.guarded_by(AMP_WORDS):
+        if qualified is None or where.device_unknown:
             return
         enabled = keyword_value(call, "enabled")
-        if enabled is not None and where.literal(enabled) != (True, None):
-            return  # enabled by a variable: only sometimes
+        if enabled is not None and where.value(enabled) is not True:
+            return  # off on this plan, or only sometimes
         device = self.target.device
         if qualified in CUDA_AUTOCAST or (qualified in AUTOCAST and
                                           self.literal_is(call, 0, "device_type", where, "cuda")):
@@ -178,7 +228,7 @@ class Rules:
         if self.target.processes < 2 or not (qualified or "").endswith("init_process_group") \
                 or not (qualified or "").startswith("torch.distributed"):
             return
-        if not self.literal_is(call, 0, "backend", where, "nccl") or where.guarded_by(NCCL_WORDS):
+        if not self.literal_is(call, 0, "backend", where, "nccl") or where.device_unknown:
             return
         error = ("Distributed package doesn't have NCCL built in" if self.target.system == "Darwin"
                  else "ProcessGroupNCCL is only supported with GPUs, no GPUs found!")
@@ -192,7 +242,7 @@ class Rules:
     # ------------------------------------------------------------ float64 on mps
 
     def float64(self, call: ast.Call, name: str | None, qualified: str | None, where: Where) -> None:
-        if where.guarded_by(FLOAT64_WORDS):
+        if where.device_unknown:
             return
         facts = where.facts
         if qualified == "torch.set_default_dtype" and call.args and facts.qualified(call.args[0]) in FLOAT64 \
@@ -228,63 +278,6 @@ class Rules:
             candidates += call.args[:1]
         return any(is_device_expression(node, where) for node in candidates if node is not None)
 
-    # ------------------------------------------------------------ DataLoader
-
-    def dataloader(self, call: ast.Call, where: Where) -> None:
-        if self.target.device == "mps" and not where.guarded_by(PIN_WORDS) and \
-                where.literal(loader_argument(call, "pin_memory")) == (True, None):
-            self.add(where, call, "pin-memory-mps",
-                     "pin_memory=True does nothing on mps: torch warns \"'pin_memory' argument is "
-                     "set as true but not supported on MPS now\" and pins nothing",
-                     'write pin_memory=(device.type == "cuda")', breaks=False, fact=WORKERS)
-        workers = self.workers(call, where)
-        method = self.start_method(call, where)
-        if workers is None or method == "fork":
-            return
-        started = f"workers ({workers}) start by {method} {self.target.where}"
-        if where.facts.source.is_script and where.at_import and not has_main_guard(where.facts.source.tree):
-            self.add(where, call, "workers-main-guard",
-                     f"DataLoader in a script without a main guard: its {started}, each "
-                     f'runs this script again, and the run stops ("{BOOTSTRAP_ERROR}")',
-                     'put the training in a function called under if __name__ == "__main__":',
-                     fact=WORKERS)
-        for part, node in (("collate_fn", loader_argument(call, "collate_fn")),
-                           ("worker_init_fn", loader_argument(call, "worker_init_fn"))):
-            what = unpicklable(node, where)
-            if what:
-                self.add(where, call, "workers-pickle",
-                         f"{part} is {what}: DataLoader {started}, which pickles it, and the run "
-                         f"stops (\"Can't pickle ...\")",
-                         f"define {part} with def at module level", fact=WORKERS)
-        what = dataset_unpicklable(loader_argument(call, "dataset"), where)
-        if what:
-            self.add(where, call, "workers-pickle",
-                     f"the dataset keeps {what}: DataLoader {started}, which pickles the dataset, "
-                     "and the run stops (\"Can't pickle ...\")",
-                     "define the transform with def at module level", fact=WORKERS)
-
-    def workers(self, call: ast.Call, where: Where) -> str | None:
-        """'num_workers=4' (or the expression: workers unless it is 0 at run time) when the
-        loader starts workers; None when it does not, or cannot be told (a **kwargs)."""
-        node = loader_argument(call, "num_workers")
-        if node is None:
-            return None
-        known = where.literal(node)
-        if known is not None:
-            value = known[0]
-            return f"num_workers={value}" if isinstance(value, int) and value > 0 else None
-        return f"num_workers={ast.unparse(node)}"
-
-    def start_method(self, call: ast.Call, where: Where) -> str:
-        context = loader_argument(call, "multiprocessing_context")
-        if context is not None:
-            if isinstance(context, ast.Call) and called_name(context) == "get_context" and context.args:
-                context = context.args[0]
-            known = where.literal(context)
-            return str(known[0]) if known else "fork"  # an unknown context: say nothing
-        return where.facts.start_method or self.target.start_method
-
-
 # ---------------------------------------------------------------- helpers
 
 
@@ -302,17 +295,6 @@ def keyword_value(call: ast.Call, name: str) -> ast.expr | None:
     return None
 
 
-def loader_argument(call: ast.Call, name: str) -> ast.expr | None:
-    """A DataLoader argument given by keyword or by position (not through *args)."""
-    value = keyword_value(call, name)
-    if value is not None:
-        return value
-    position = LOADER_PARAMETERS.index(name)
-    if any(isinstance(arg, ast.Starred) for arg in call.args[:position + 1]):
-        return None
-    return call.args[position] if len(call.args) > position else None
-
-
 def takes_a_device(call: ast.Call, name: str | None, qualified: str | None) -> bool:
     """Whether `device=` of this call places tensors or a model: torch's own functions and
     classes, a tensor's or module's methods, a Hugging Face pipeline (not `dict(device=...)`)."""
@@ -322,14 +304,15 @@ def takes_a_device(call: ast.Call, name: str | None, qualified: str | None) -> b
             and qualified not in (*CUDA_SCALER, *SCALER, *CUDA_AUTOCAST, *AUTOCAST))
 
 
-def is_cuda(text: str) -> bool:
-    return text == "cuda" or text.startswith("cuda:")
-
-
 def is_device_expression(node: ast.expr, where: Where) -> bool:
+    """A device that is not the CPU on the plan: "mps", or a name or attribute called device
+    (unless the plan makes it the CPU: a device chosen as `"cuda" if ... else "cpu"`)."""
     known = where.literal(node)
     if known is not None:
         return known[0] == "mps"
+    value = where.value(node)
+    if isinstance(value, str):
+        return value.split(":")[0] != "cpu"
     if isinstance(node, ast.Name):
         return "device" in node.id.lower()
     if isinstance(node, ast.Attribute):
@@ -352,70 +335,24 @@ def method_chain(call: ast.Call) -> list[ast.Call]:
     return chain
 
 
-def unpicklable(node: ast.expr | None, where: Where) -> str | None:
-    """What makes a callable unpicklable by name: a lambda, or a def inside a function."""
-    if isinstance(node, ast.Lambda):
-        return "a lambda"
-    if isinstance(node, ast.Call) and called_name(node) == "partial" and node.args:
-        return unpicklable(node.args[0], where)
-    if isinstance(node, ast.Name):
-        value, scope = where.scope.lookup(node.id)
-        if isinstance(value, ast.Lambda):
-            return f"{node.id}, a lambda (line {value.lineno})"
-        if isinstance(value, FUNCTION_NODES) and scope is not None and scope.function is not None:
-            return f"{node.id}, a function defined inside {scope.name}() (line {value.lineno})"
-    return None
+def _path_forms(path: ast.expr, lookup) -> set[str]:
+    """What identifies the file a path expression names: its text, the text of what a name
+    stands for (`with open(p) as f`: p), and the file names written in it."""
+    forms = {ast.dump(path)}
+    if isinstance(path, ast.Name):
+        bound, _ = lookup(path.id)
+        if isinstance(bound, ast.Call) and getattr(bound.func, "id", None) == "open" and bound.args:
+            bound = bound.args[0]
+        if isinstance(bound, ast.expr):
+            path = bound
+            forms.add(ast.dump(path))
+    forms.update(node.value for node in ast.walk(path)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and _file_name(node.value))
+    return forms
 
 
-def dataset_unpicklable(node: ast.expr | None, where: Where) -> str | None:
-    """A lambda or local function among the transforms the dataset is built with, or one its
-    class stores on self."""
-    if isinstance(node, ast.Name):
-        node, _ = where.scope.lookup(node.id)
-    if not isinstance(node, ast.Call):
-        return None
-    for keyword in node.keywords:
-        if keyword.arg and "transform" in keyword.arg:
-            found = _in_transforms(keyword.value, where)
-            if found:
-                return f"{found} in {keyword.arg}"
-    for argument in node.args:
-        if isinstance(argument, ast.Call) and called_name(argument) in TRANSFORM_HOLDERS:
-            found = _in_transforms(argument, where)
-            if found:
-                return found
-    if isinstance(node.func, ast.Name):
-        cls, _ = where.scope.lookup(node.func.id)
-        if isinstance(cls, ast.ClassDef):
-            return _stored_lambda(cls)
-    return None
-
-
-def _in_transforms(node: ast.expr, where: Where, depth: int = 0) -> str | None:
-    found = unpicklable(node, where)
-    if found or depth > 8:
-        return found
-    if isinstance(node, ast.Name):  # a transform built on an earlier line
-        value, _ = where.scope.lookup(node.id)
-        return _in_transforms(value, where, depth + 1) if isinstance(value, ast.expr) else None
-    if isinstance(node, (ast.List, ast.Tuple)):
-        children = node.elts
-    elif isinstance(node, ast.Call) and called_name(node) in TRANSFORM_HOLDERS:
-        children = [*node.args, *(keyword.value for keyword in node.keywords)]
-    else:
-        return None
-    for child in children:
-        found = _in_transforms(child, where, depth + 1)
-        if found:
-            return found
-    return None
-
-
-def _stored_lambda(cls: ast.ClassDef) -> str | None:
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
-            for target in node.targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                        and target.value.id == "self":
-                    return f"a lambda as self.{target.attr} (line {node.lineno})"
-    return None
+def _file_name(text: str) -> bool:
+    """"ckpt.pt", "saved/%s_%d.pth": enough of a name to tell one file from another (not ".pt")."""
+    if text.startswith(".") and "/" not in text:
+        return False
+    return len(text.strip("./")) >= 4 and _LETTER.search(text) is not None

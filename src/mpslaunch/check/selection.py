@@ -14,8 +14,8 @@ import bisect
 import re
 
 # What a rule can be about, as the source spells it.
-TRIGGERS = ("cuda", "load(", "double", "float64", "DataLoader", "init_process_group",
-            "autocast", "GradScaler", "pin_memory", "set_default", "lambda")
+TRIGGERS = ("cuda", "load(", "save(", "double", "float64", "DataLoader", "init_process_group",
+            "autocast", "GradScaler", "pin_memory", "set_default", "lambda", "add_argument")
 _IMPORT_LINE = re.compile(r"(?m)^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t][^\n]*")
 _RENAMED = re.compile(r"\bas[ \t]+(\w+)")
 _MODULE_LITERAL = re.compile(r"""(?m)^([A-Za-z_]\w*)[ \t]*=[ \t]*(?:[rbuRBU]?["']|-?\d)""")
@@ -48,8 +48,13 @@ def wanted_lines(text: str) -> list[int]:
 
 def import_lines(text: str) -> list[int]:
     """The sorted numbers of the lines that start an import statement."""
+    return line_numbers(text, _IMPORT_LINE)
+
+
+def line_numbers(text: str, pattern: re.Pattern) -> list[int]:
+    """The sorted numbers of the lines where pattern matches."""
     newlines = _newlines(text)
-    return [bisect.bisect_left(newlines, match.start()) + 1 for match in _IMPORT_LINE.finditer(text)]
+    return sorted({bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)})
 
 
 def module_literal_names(text: str) -> frozenset[str]:

@@ -188,7 +188,7 @@ def run_all(options: BenchOptions):
     answered at once even in the middle of a long op (which Python cannot interrupt)."""
     from tqdm import tqdm
 
-    from mpslaunch.bench.measure import measure
+    from mpslaunch.bench import measure as bench_measure
 
     plan = measurement_plan(options)
     results, failure = [], []
@@ -200,7 +200,7 @@ def run_all(options: BenchOptions):
                 if stop.is_set():
                     return
                 bar.set_description(f"{workload} {dtype} {size} {device}")
-                results.append(measure(workload, dtype, size, device, options))
+                results.append(bench_measure.measure(workload, dtype, size, device, options))
         except BaseException as error:  # raised again in the waiting thread
             failure.append(error)
         finally:

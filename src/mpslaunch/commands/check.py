@@ -12,11 +12,13 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import DEVICES, add_option, add_table_options
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
-    from mpslaunch.check.target import Target
+    from mpslaunch.check import Target
 
 HELP = """\
-Read a training script, and the modules it imports from its own folder, and say what will
-break it on this plan before it runs: cuda written into the script on a Mac or on cpu,
+Read a training script (or a notebook's code cells), and the modules it imports from its own
+folder, and say what will break it or slow it on this plan before it runs: a device chosen as
+"cuda" if available else "cpu" (on a Mac the script then trains on the CPU), a --device option
+that defaults to cuda, cuda written into the script on a Mac or on cpu,
 torch.load without map_location, float64 on mps, DataLoader workers that a Mac starts by
 spawn (the main guard, lambdas as collate_fn or transforms), nccl for CPU processes,
 torch.cuda.amp on mps or cpu, pin_memory on mps. The script is parsed, never imported or
@@ -45,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise MpslaunchError(f"--num_processes must be 1 or more, not {args.num_processes}")
-    from mpslaunch.check import check_script
-    from mpslaunch.check.before_launch import Interrupted
-    from mpslaunch.check.report import as_json, as_text
+    from mpslaunch.check import Interrupted, as_json, as_text, check_script
 
     target = target_from_args(args)
     try:
@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
-    from mpslaunch.check.target import Target, described_target
+    from mpslaunch.check import Target, described_target
 
     if args.device not in (None, "auto"):
         if args.device == "mps" and (args.num_processes or 1) > 1:

@@ -19,7 +19,7 @@ from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import CHECK_TIMEOUT_SECONDS, Machine, run_torch_check
-from mpslaunch.plan import decide
+from mpslaunch.launcher import prepare
 from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
                                 unused_default_note)
 
@@ -140,6 +140,8 @@ def relevant_environment(environ) -> dict[str, str]:
 
 def profile_facts(machine: Machine, environ, config_file: str | None,
                   profile_name: str | None) -> dict[str, Any]:
+    """The profile in force and what `launch` would choose with it on `machine` (whose mps verdict
+    the check above has just given)."""
     try:
         loaded = profile_files.read_active(config_file, profile_name)
     except MpslaunchError as error:
@@ -147,7 +149,7 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
     profile, path = loaded.profile, loaded.path
     values = profile.to_dict() if path else "none: defaults"
     try:
-        choice = decide(profile, LaunchOptions(), machine, environ).choice()
+        choice = prepare(LaunchOptions(), environ=environ, loaded=loaded, machine=machine).choice()
     except MpslaunchError as error:
         choice = f"refuses: {error}"
     return {"profile_path": str(path) if path else None, "profile": values, "launcher_choice": choice}

@@ -17,45 +17,62 @@ from mpslaunch import output
 from mpslaunch.launcher.targets import check_target
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
-from mpslaunch.plan import LaunchPlan, apply_flags, checks_main_address, decide, for_target, mps_problem
-from mpslaunch.settings import LaunchRequest, ProfileFile, profile_files, request_problem
+from mpslaunch.plan import (Decision, LaunchPlan, checks_main_address, decide_settings, for_target,
+                            mps_problem, with_flags)
+from mpslaunch.settings import (LaunchOptions, LaunchRequest, Profile, ProfileFile, profile_files,
+                                request_problem)
 
 MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a while
 
 
-def prepare(request: LaunchRequest, profile: str | None = None, config_file: str | None = None,
+def prepare(options: LaunchOptions, profile: str | None = None, config_file: str | None = None,
             quiet: bool = False, target_is_file: bool = True,
-            environ: Mapping[str, str] = os.environ) -> LaunchPlan:
-    """The plan for `request`, or an MpslaunchError that says what to change. `target_is_file`:
-    the target is a script, module or executable that must exist (not a Python function)."""
-    problem = request_problem(request)
+            environ: Mapping[str, str] = os.environ, *, loaded: ProfileFile | None = None,
+            machine: Machine | None = None) -> Decision:
+    """The plan for a LaunchRequest (a LaunchPlan), or for LaunchOptions alone the Decision for
+    any target (`env`, `config show`); an MpslaunchError says what to change.
+
+    The options are checked once, the target's existence (`target_is_file`: a script, module or
+    executable, not a Python function), the profile read once and the flags applied once.
+    `loaded`: the profile file the caller has read already, and reports itself. `machine`: a
+    machine described, or already checked by the caller, taken as it is; by default this one,
+    probed, with torch asked about mps when the plan is for mps and nothing is known yet."""
+    problem = request_problem(options)
     if problem:
         raise MpslaunchError(problem)
-    if target_is_file:
-        check_target(request)
-    loaded = profile_files.read_active(config_file, profile)
+    targeted = isinstance(options, LaunchRequest)
+    if targeted and target_is_file:
+        check_target(options)
+    reported = loaded is None
+    loaded = loaded or profile_files.read_active(config_file, profile)
     source = str(loaded.path) if loaded.path else None  # named in messages about its values
-    machine = _machine_for(apply_flags(loaded.profile, request))
-    decision = decide(loaded.profile, request, machine, environ, source)
-    if _asks_torch_about_mps(machine, decision.device):
-        output.say("checking once that torch can use mps with this Python, torch and macOS (the "
-                   "answer is kept for later launches)", quiet)
-        machine = machine_probe.verify_mps(machine, MPS_CHECK_TIMEOUT_SECONDS)
-        if machine.mps_answer is None:
-            output.warning(f"torch's mps check gave no answer within {MPS_CHECK_TIMEOUT_SECONDS:g} "
-                           "s; planning on the platform facts alone (`mpslaunch env` checks again)")
-        decision = decide(loaded.profile, request, machine, environ, source)
-    if loaded.translation:
-        output.note(accelerate_note(loaded, machine), quiet)
+    settings = with_flags(loaded.profile, options)
+    here = _machine_for(settings, machine or machine_probe.probe())
+    decision = decide_settings(settings, options, here, environ, source)
+    if machine is None and _asks_torch_about_mps(here, decision.device):
+        here = _verified(here, quiet)
+        decision = decide_settings(settings, options, here, environ, source)
+    if reported and loaded.translation:
+        output.note(accelerate_note(loaded, here), quiet)
         for warning in loaded.translation.warnings:
             output.warning(warning)
-    return for_target(decision, request, machine)
+    return for_target(decision, options, here) if targeted else decision
 
 
-def _machine_for(settings) -> Machine:
-    """This machine, with its network addresses when it is machine 0 of several (checked
+def _verified(machine: Machine, quiet: bool) -> Machine:
+    """The machine with torch's verdict on mps, asked in a child (and kept for later launches)."""
+    output.say("checking once that torch can use mps with this Python, torch and macOS (the "
+               "answer is kept for later launches)", quiet)
+    machine = machine_probe.verify_mps(machine, MPS_CHECK_TIMEOUT_SECONDS)
+    if machine.mps_answer is None:
+        output.warning(f"torch's mps check gave no answer within {MPS_CHECK_TIMEOUT_SECONDS:g} "
+                       "s; planning on the platform facts alone (`mpslaunch env` checks again)")
+    return machine
+
+
+def _machine_for(settings: Profile, machine: Machine) -> Machine:
+    """The machine, with its network addresses when it is machine 0 of several (checked
     against main_process_ip), and with what its host name stands for when it is one of several."""
-    machine = machine_probe.probe()
     if checks_main_address(settings):
         machine = machine_probe.with_addresses(machine, settings.main_process_ip)
     if settings.num_machines > 1:  # gloo advertises what this machine's name stands for

@@ -15,8 +15,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 
-from mpslaunch.machine import torch_check
-from mpslaunch.machine.torch_check import MpsAnswer
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from mpslaunch.machine.torch_check import MpsAnswer
 
 # One `sysctl` call reads them all; the last two are missing on some older macOS releases.
 _MAC_SYSCTLS = ("kern.osproductversion", "kern.osversion", "machdep.cpu.brand_string",
@@ -75,17 +76,25 @@ def probe() -> Machine:
         os_build=mac.get("kern.osversion"),
     )
     key = mps_cache_key(machine)
-    return replace(machine, mps_answer=torch_check.read_cached(key)) if key else machine
+    if not key:  # not a Mac with torch: no verdict is kept
+        return machine
+    from mpslaunch.machine import torch_check
+
+    return replace(machine, mps_answer=torch_check.read_cached(key))
 
 
 def verify_mps(machine: Machine, timeout: float) -> Machine:
     """Ask torch in a child Python whether mps works here; the machine with its verdict, cached.
     A check that gives no verdict in time leaves the machine as it was."""
+    from mpslaunch.machine import torch_check
+
     return with_torch_facts(machine, torch_check.run_torch_check(machine.python, timeout))
 
 
 def with_torch_facts(machine: Machine, facts: dict) -> Machine:
     """The machine with the mps verdict in a torch check's facts; on a Mac it is also cached."""
+    from mpslaunch.machine import torch_check
+
     answer = torch_check.mps_answer(facts)
     if answer is None:
         return machine
@@ -99,6 +108,8 @@ def mps_cache_key(machine: Machine) -> str | None:
     """What the verdict holds for: this Python, this torch, this macOS build; None off a Mac."""
     if not (machine.is_mac and machine.torch_version and machine.os_build):
         return None
+    from mpslaunch.machine import torch_check
+
     return torch_check.cache_key(machine.python, machine.torch_version, machine.os_build)
 
 

@@ -114,7 +114,12 @@ def decide(profile: Profile, options: LaunchOptions, machine: Machine,
            environ: Mapping[str, str], profile_file: str | None = None) -> Decision:
     """The device, precision, processes and variables for these options, whatever the target.
     `profile_file`: where the profile was read from, named in messages about its values."""
-    settings = apply_flags(profile, options)
+    return decide_settings(apply_flags(profile, options), options, machine, environ, profile_file)
+
+
+def decide_settings(settings: Profile, options: LaunchOptions, machine: Machine,
+                    environ: Mapping[str, str], profile_file: str | None = None) -> Decision:
+    """decide() for `settings`, the profile the flags in `options` were applied to."""
     machine = with_gpu_ids(machine, settings.gpu_ids, source_of(options, "gpu_ids"), environ)
     device, reason = choose_device(settings.device, options, machine)
     one_per_gpu = settings.num_processes is None
@@ -193,6 +198,11 @@ def apply_flags(profile: Profile, options: LaunchOptions) -> Profile:
     problem = request_problem(options)
     if problem:
         raise MpslaunchError(problem)
+    return with_flags(profile, options)
+
+
+def with_flags(profile: Profile, options: LaunchOptions) -> Profile:
+    """apply_flags() for options already checked against the option table."""
     if options.cpu and options.device not in (None, "cpu"):
         raise MpslaunchError(f"--cpu and --device {options.device} contradict each other; give one")
     changes = {key: getattr(options, key) for key in KNOWN_KEYS

@@ -110,7 +110,8 @@ class MemoryWatch:
         self.thread.join()
 
     def _loop(self) -> None:
-        next_reading = 0.0
+        # The first reading waits an interval: the script starts first, not psutil's import.
+        next_reading = time.monotonic() + self.interval
         while True:
             for follower in self.followers:
                 follower.tick()

@@ -1,5 +1,6 @@
 """What both run paths share about child processes: the signals that stop a run, exit codes,
-killing a process group, prctl, and finding every process a run started.
+killing a process group, prctl, finding every process a run started (among our children too,
+where Linux makes the orphans of a run ours), and the environment a function run here sees.
 
 Every process of a run carries RUN_MARKER=<the run's id> in its environment, inherited from the
 child the launcher starts; after the run, whatever still carries it is killed, wherever it went
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -135,6 +137,114 @@ def linux_prctl():
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+
+
+def sweep_children(run_id: str, before: set[int]) -> list[int]:
+    """SIGKILL what is left of the run among our children and reap it; return the pids.
+
+    What is left: our children that carry the run's marker, in a process group other than
+    ours, that is the ranks (each leads its own) and, on Linux, the helpers of ranks that
+    already exited, which `adopt_orphans` made our children, each with its whole process group.
+    Children that are not the run's (the caller's own, under mpslaunch.launch()) are left alone;
+    `before`: the pids of our children when the run started, whose exit statuses are the
+    caller's to collect.
+    """
+    swept = []
+    for _ in range(10):  # killing a helper can orphan its own children to us: a few rounds
+        left = [(pid, pgid) for pid, pgid in children()
+                if pgid != os.getpgrp() and carries_marker(pid, run_id)]
+        if not left:
+            break
+        for pid, pgid in left:
+            kill_group(pgid)
+        _reap([pid for pid, _ in left])
+        swept += [pid for pid, _ in left]
+    # Helpers of the ranks that ended on their own after we adopted them: dead, unreadable.
+    _reap([pid for pid in zombie_children() if pid not in before], seconds=0)
+    return swept
+
+
+def carries_marker(pid: int, run_id: str) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).environ().get(RUN_MARKER) == run_id
+    except psutil.Error:  # gone, a zombie (nothing left to signal), or another user's
+        return False
+
+
+def zombie_children() -> list[int]:
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def child_pids() -> set[int]:
+    return {pid for pid, _ in children()}
+
+
+@contextmanager
+def adopt_orphans() -> Iterator[None]:
+    """Linux: while the run lasts, what a rank leaves behind when it exits becomes our child
+    (PR_SET_CHILD_SUBREAPER) instead of init's, so `sweep` finds it even without the run's
+    marker. Elsewhere only the marker finds it."""
+    prctl = linux_prctl()
+    if prctl is None:
+        yield
+        return
+    import ctypes  # loaded by linux_prctl already
+
+    previous = ctypes.c_int(0)
+    prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous))
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_CHILD_SUBREAPER, previous.value)
+
+
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
+
+
+def _reap(pids: list[int], seconds: float = 5.0) -> None:
+    """Wait for SIGKILLed children, bounded: one stuck in the kernel (D state) cannot hang us."""
+    waiting, deadline = set(pids), time.monotonic() + seconds
+    while waiting:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid  # already reaped by torch's Popen
+            if done:
+                waiting.discard(pid)
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+
+
+def rank_pids(run_id: str) -> list[int]:
+    """Our children that lead their own process group and carry the run's marker: the ranks."""
+    return sorted(pid for pid, pgid in children() if pgid == pid and carries_marker(pid, run_id))
+
+
+def children() -> list[tuple[int, int]]:
+    """(pid, process group) of each of our children, zombies included."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            found.append((child.pid, os.getpgid(child.pid)))
+        except ProcessLookupError:  # a zombie on macOS shows no group; reaped meanwhile on Linux
+            found.append((child.pid, child.pid))
+    return found
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""run_child: one process, in a session of its own, with signals forwarded and a grace period.
+"""run_child: one process, in a session of its own, with signals forwarded and a grace period
+(run/supervisor.py).
 
 Its own session means a terminal's Ctrl-C reaches the child once (through us), and whatever it
 leaves in its process group (DataLoader workers) can be killed when it ends; what left the group
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -26,9 +26,9 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
-                                     STOPPING_SIGNALS, exit_code, handled_here, kill_group,
-                                     kill_marked, linux_prctl, may_be_marked, new_run_id,
-                                     stop_with, warm_process_table)
+                                     STOPPING_SIGNALS, exit_code, linux_prctl, new_run_id,
+                                     warm_process_table)
+from mpslaunch.run.supervisor import Supervisor
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
@@ -47,109 +47,68 @@ def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals
     run_id, started = new_run_id(), time.time()
     inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
     env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
-    supervisor = _Supervisor(grace_seconds)
+    child = _Child(run_id, grace_seconds)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
-    with _SignalHandlers(supervisor.forward, supervisor.job_control):
+    with child.supervisor.handling({**dict.fromkeys(FORWARDED_SIGNALS, child.signal),
+                                    signal.SIGTSTP: child.job_control,
+                                    signal.SIGCONT: child.job_control}):
         try:
-            child = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                     preexec_fn=_parent_death_signal(),
-                                     **(tee.popen_streams if tee else {}))
+            process = subprocess.Popen(list(command), env=env, start_new_session=True,
+                                       preexec_fn=_parent_death_signal(),
+                                       **(tee.popen_streams if tee else {}))
         except OSError as error:
             raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
-        supervisor.attach(child)
-        run.follow(child.pid)
+        child.attach(process)
+        run.follow(process.pid)
         if tee:
-            tee.start(child)
+            tee.start(process)
         if not MARKS_SEEN_WITHOUT_PSUTIL:
             warm_process_table()
-        returncode = child.wait()
-    supervisor.clean_up()
-    if may_be_marked(run_id):
-        kill_marked(run_id, started)  # helpers that left the child's session
+        returncode = process.wait()
+    # Whatever the child left in its session (workers, helpers) or elsewhere must not outlive it.
+    child.supervisor.clean_up(started)
     if tee:
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
-    if supervisor.killed_after_grace and returncode == -signal.SIGKILL:
-        code = 128 + supervisor.stopping_signal
+    stopped_by = child.supervisor.stopping_signal
+    if child.supervisor.time_up and returncode == -signal.SIGKILL:
+        code = 128 + stopped_by
         output.say(f"the script was still running {grace_seconds:g} s after "
-                   f"{signal.Signals(supervisor.stopping_signal).name} (--grace_period), so it was "
+                   f"{signal.Signals(stopped_by).name} (--grace_period), so it was "
                    f"killed; exit code {code}")
         return code, returncode, tee
     return exit_code(returncode), returncode, tee
 
 
-class _Supervisor:
-    """Forwards signals to the child and kills its process group when the grace period ends."""
+class _Child:
+    """What a signal means for the one child: it is forwarded (held until the child exists),
+    and a stopping one starts the supervisor's grace period; job control reaches the child
+    while it runs."""
 
-    def __init__(self, grace_seconds: float):
-        self.grace_seconds = grace_seconds
-        self.child: subprocess.Popen | None = None
+    def __init__(self, run_id: str, grace_seconds: float):
+        self.process: subprocess.Popen | None = None
         self.held: list[int] = []
-        self.kill_timer: threading.Timer | None = None
-        self.stopping_signal = 0  # the first stopping signal forwarded
-        self.killed_after_grace = False
+        self.supervisor = Supervisor(run_id, grace_seconds, self.group)
 
-    def attach(self, child: subprocess.Popen) -> None:
-        self.child = child
+    def group(self) -> list[int]:
+        return [self.process.pid] if self.process is not None else []
+
+    def attach(self, process: subprocess.Popen) -> None:
+        self.process = process
         for signum in self.held:
-            self.forward(signum)
+            self.signal(signum)
 
-    def forward(self, signum: int, _frame=None) -> None:
-        if self.child is None:
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int, _frame=None) -> None:
+        if self.process is None:
             self.held.append(signum)
-            return
-        if self.child.poll() is not None:
-            return
-        try:
-            os.kill(self.child.pid, signum)
-        except ProcessLookupError:
-            return
-        if signum in STOPPING_SIGNALS and self.kill_timer is None:
-            self.stopping_signal = signum
-            self.kill_timer = threading.Timer(self.grace_seconds, self._grace_over)
-            self.kill_timer.daemon = True
-            self.kill_timer.start()
+        elif self.running() and self.supervisor.forward(signum) and signum in STOPPING_SIGNALS:
+            self.supervisor.stopping(signum)
 
     def job_control(self, signum: int, _frame=None) -> None:
-        """Ctrl-Z (SIGTSTP) and SIGCONT: the child's group, in a session of its own, would not
-        see them (the kernel drops a terminal stop sent to such a group)."""
-        if self.child is not None and self.child.poll() is None:
-            stop_with(signum, [self.child.pid])
-
-    def _grace_over(self) -> None:
-        self.killed_after_grace = self.child.poll() is None
-        self.kill_group()
-
-    def kill_group(self) -> None:
-        kill_group(self.child.pid)
-
-    def clean_up(self) -> None:
-        if self.kill_timer is not None:
-            self.kill_timer.cancel()
-        # Whatever the child left in its session (workers, helpers) must not outlive the run.
-        self.kill_group()
-
-
-class _SignalHandlers:
-    """Installs one handler for every forwarded signal (but not over an inherited SIG_IGN) and
-    one for job control; restores the old ones on exit."""
-
-    def __init__(self, handler, job_control):
-        self.handlers = {**dict.fromkeys(FORWARDED_SIGNALS, handler),
-                         signal.SIGTSTP: job_control, signal.SIGCONT: job_control}
-        self.previous: dict[int, object] = {}
-
-    def __enter__(self):
-        # Only the main thread may handle signals (mpslaunch.launch from a thread): there the
-        # signals go to the caller, and the child is still stopped with its group at the end.
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in self.handlers.items():
-                if handled_here(signum):
-                    self.previous[signum] = signal.signal(signum, handler)
-        return self
-
-    def __exit__(self, *_exc):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
+        if self.running():
+            self.supervisor.job_control(signum)
 
 
 def _tee(log_dir: str):

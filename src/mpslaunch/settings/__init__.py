@@ -1,9 +1,10 @@
 """What the user asks for, from the command line, a profile file or an Accelerate config.
 
-options.py declares every launch option and profile key once (the option table);
-profile.py is the profile schema built from it; profile_files.py finds, reads and writes
-profile files; accelerate_config.py reads Accelerate's config files as profiles; flags.py and
-accelerate_flags.py are the table's command-line side (argparse). Nothing here probes the
+options.py declares every launch option and profile key once (the option table); request.py
+(LaunchOptions, LaunchRequest) and profile.py (Profile) write its fields out; profile_files.py
+finds, reads and writes profile files; accelerate_config.py reads Accelerate's config files as
+profiles; flags.py and accelerate_flags.py are the table's command-line side (argparse);
+paths.py opens the files the user names (scripts too) only when they are regular files. Nothing here probes the
 machine or decides anything. Other packages take these names from here; the command-line side
 and the Accelerate translation are imported on first use.
 """
@@ -13,13 +14,15 @@ from mpslaunch.settings import profile_files
 from mpslaunch.settings.options import (
     ACCELERATOR, BY_NAME, DEFAULT_GRACE_SECONDS, DEFAULT_PORT, DEVICES, MACHINES, MPS_WATERMARK_MAX,
     OPTIONS, OUTPUT, PLAN, PRECISIONS, PROFILE_OPTIONS, RDZV_BACKENDS, RDZV_TIMEOUT_MAX,
-    REQUEST_OPTIONS, LaunchOptions, LaunchRequest, Option, cut, given_as, request_problem,
-    source_of)
+    REQUEST_OPTIONS, Option, cut)
+from mpslaunch.settings.paths import NotAFileError, current_folder, open_regular, unreadable
 from mpslaunch.settings.profile import KNOWN_KEYS, MPS_KEYS, Profile, check_profile, check_value
+from mpslaunch.settings.request import (LaunchOptions, LaunchRequest, given_as, request_problem,
+                                        source_of)
 from mpslaunch.settings.profile_files import ProfileFile, read_active
 
 __getattr__ = lazy_names(__name__, {
-    "accelerate_config": ("WAYS", "Translation", "default_config_path", "unused_default_note"),
+    "accelerate_config": ("Translation", "default_config_path", "unused_default_note"),
     "flags": ("add_option", "add_table_options", "request_from_args", "spellings"),
-    "accelerate_flags": ("add_refused",),
+    "accelerate_flags": ("WAYS", "add_refused"),
 })

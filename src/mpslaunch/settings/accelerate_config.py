@@ -1,7 +1,7 @@
 """Accelerate's config files (`accelerate config`, `accelerate config default`) as mpslaunch profiles.
 
 Pure translation of the file's mapping into Profile fields, key by key by what `accelerate launch`
-does with it (docs/accelerate-configs.md): what has the same meaning maps; settings at their off
+does with it (docs/from-accelerate.md): what has the same meaning maps; settings at their off
 value, in any spelling, are idle; settings that only tune speed are left out with a one-line
 warning; what cannot map (DeepSpeed, FSDP, TPUs, SageMaker, fp8, other accelerators) is refused
 in one line that names the key and says why. Accelerate's num_processes counts every machine;
@@ -15,34 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mpslaunch.output import MpslaunchError
+from mpslaunch.settings.accelerate_flags import WAYS
 from mpslaunch.settings.profile import Profile, check_profile, check_value
 
 # Keys only an Accelerate file has: one of them makes the file Accelerate's.
 MARKERS = ("compute_environment", "distributed_type")
-
-# What mpslaunch does not do, and what to do instead (also used by `launch` for the same flags).
-_PLUGIN = ("mpslaunch starts plain data-parallel processes; give Accelerator() its {what} in the "
-           "script ({how}), or run it with `accelerate launch`")
-WAYS = {
-    "DeepSpeed": _PLUGIN.format(what="DeepSpeed plugin",
-                                how="Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))"),
-    "FSDP": _PLUGIN.format(what="FSDP plugin",
-                           how="Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))"),
-    "Megatron-LM": _PLUGIN.format(what="Megatron-LM plugin",
-                                  how="Accelerator(megatron_lm_plugin=MegatronLMPlugin(...))"),
-    "N-d parallelism": _PLUGIN.format(what="parallelism config",
-                                      how="Accelerator(parallelism_config=ParallelismConfig(...))"),
-    "fp8": ("mpslaunch's mixed precision is no, fp16 or bf16; for fp8 give Accelerator() "
-            "mixed_precision='fp8' and its recipe in the script, on a GPU that has fp8"),
-    "TPUs": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` on a TPU machine",
-    "SageMaker": ("mpslaunch runs on this machine (and others you name with --num_machines); use "
-                  "`accelerate launch` for Amazon SageMaker"),
-    "MPI": ("several CPU processes run through torch.distributed.run: use --cpu --num_processes N, "
-            "and --num_machines, --machine_rank, --main_process_ip for several machines"),
-    "CPU affinity": ("mpslaunch does not pin processes to cores; size each process with "
-                     "--num_cpu_threads_per_process N, or start mpslaunch under numactl or taskset"),
-    "other accelerators": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` for this device",
-}
 
 _DEVICES = {"MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "MPS": "mps", "NO": None}
 _PLUGIN_TYPES = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP", "MEGATRON_LM": "Megatron-LM", "XLA": "TPUs",

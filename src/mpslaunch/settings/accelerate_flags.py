@@ -1,4 +1,5 @@
-"""Accelerate's launch options that mpslaunch does not take, each refused with the mpslaunch way.
+"""Accelerate's launch options that mpslaunch does not take, each refused with the mpslaunch way
+(WAYS, which the translation of Accelerate's config files also gives).
 
 They are registered (hidden from --help) so that typing one gives one line that says what to do,
 not "unrecognized arguments". The list follows `accelerate launch --help` (accelerate 1.15);
@@ -9,7 +10,30 @@ from __future__ import annotations
 
 import argparse
 
-from mpslaunch.settings.accelerate_config import WAYS
+# What mpslaunch does not do, and what to do instead (also what the config translation says
+# for the same settings, accelerate_config.py).
+_PLUGIN = ("mpslaunch starts plain data-parallel processes; give Accelerator() its {what} in the "
+           "script ({how}), or run it with `accelerate launch`")
+WAYS = {
+    "DeepSpeed": _PLUGIN.format(what="DeepSpeed plugin",
+                                how="Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))"),
+    "FSDP": _PLUGIN.format(what="FSDP plugin",
+                           how="Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))"),
+    "Megatron-LM": _PLUGIN.format(what="Megatron-LM plugin",
+                                  how="Accelerator(megatron_lm_plugin=MegatronLMPlugin(...))"),
+    "N-d parallelism": _PLUGIN.format(what="parallelism config",
+                                      how="Accelerator(parallelism_config=ParallelismConfig(...))"),
+    "fp8": ("mpslaunch's mixed precision is no, fp16 or bf16; for fp8 give Accelerator() "
+            "mixed_precision='fp8' and its recipe in the script, on a GPU that has fp8"),
+    "TPUs": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` on a TPU machine",
+    "SageMaker": ("mpslaunch runs on this machine (and others you name with --num_machines); use "
+                  "`accelerate launch` for Amazon SageMaker"),
+    "MPI": ("several CPU processes run through torch.distributed.run: use --cpu --num_processes N, "
+            "and --num_machines, --machine_rank, --main_process_ip for several machines"),
+    "CPU affinity": ("mpslaunch does not pin processes to cores; size each process with "
+                     "--num_cpu_threads_per_process N, or start mpslaunch under numactl or taskset"),
+    "other accelerators": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` for this device",
+}
 
 # (the mpslaunch way, options that take no value, options that take one value)
 REFUSED = (

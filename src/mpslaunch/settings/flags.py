@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from mpslaunch.settings.options import BY_NAME, REQUEST_OPTIONS, LaunchRequest, Option
+from mpslaunch.settings.options import BY_NAME, REQUEST_OPTIONS, Option
+from mpslaunch.settings.request import LaunchRequest
 
 
 def spellings(name: str) -> list[str]:

@@ -2,16 +2,17 @@
 
 Each `Option` names its type, its choices or check, its default, its help, whether it is a
 profile key and how the command line spells it. From this table come the launch parser
-(flags.py), `LaunchOptions` and `LaunchRequest` (what `launch`, `test` and
-`mpslaunch.launch()` ask for), the profile's fields and their checks (profile.py). A new
-launch option is one entry here.
+(flags.py), the fields of `LaunchOptions` and `LaunchRequest` (request.py: what `launch`,
+`test` and `mpslaunch.launch()` ask for) and of `Profile` (profile.py), and their checks. A new
+launch option is one entry here and one field there (tests/settings/test_options.py holds the
+fields to the table).
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass
 from collections.abc import Callable
 
 PROFILE_VERSION = 1
@@ -224,39 +225,6 @@ REQUEST_OPTIONS = tuple(option for option in OPTIONS if option.request)
 PROFILE_OPTIONS = tuple(option for option in OPTIONS if option.profile)
 
 
-def dataclass_of(name: str, options: tuple[Option, ...], doc: str, default, kw_only: bool = False,
-                 **extra) -> type:
-    """A frozen dataclass with one field per option; `default(option)` gives each field's default."""
-    # Types, not strings: dataclasses would match every string annotation against a pattern.
-    fields = [(o.name, o.kind | None if default(o) is None else o.kind,
-               field(default=default(o), kw_only=kw_only)) for o in options]
-    return make_dataclass(name, fields, frozen=True,
-                          namespace={"__doc__": doc, "__module__": extra.pop("module", __name__),
-                                     **extra})
-
-
-LaunchOptions = dataclass_of(
-    "LaunchOptions", REQUEST_OPTIONS, "What the command line asked for, the target aside. None "
-    "means 'not given': the profile decides.", lambda o: o.request_default, kw_only=True)
-# A script path, or a module name when `module` is set, and its arguments; then the options.
-LaunchRequest = make_dataclass(
-    "LaunchRequest", [("target", str), ("target_args", tuple, field(default=()))],
-    bases=(LaunchOptions,), frozen=True,
-    namespace={"__doc__": "What to run, and the options it was asked with.", "__module__": __name__})
-
-
-def request_problem(options: LaunchOptions) -> str | None:
-    """The first option given with a value it may not have, as `--name why`; or None."""
-    for option in REQUEST_OPTIONS:
-        value = getattr(options, option.name)
-        if value is None:
-            continue
-        problem = option.problem(value)
-        if problem:
-            return f"{option.spelling} {problem}"
-    return None
-
-
 # ---------------------------------------------------------------- how a message shows a value
 
 
@@ -280,16 +248,3 @@ def quoted(value: object) -> str:
 
 def cut(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def given_as(options: LaunchOptions, key: str, value: object, profile_file: str | None) -> str:
-    """A setting as a message names it: `--key value` when the flag gave it (or no file is
-    known), else the profile's key and file (`key: value in FILE`)."""
-    if getattr(options, key, None) is not None or not profile_file:
-        return f"--{key} {value}"
-    return f"{key}: {value} in {profile_file}"
-
-
-def source_of(options: LaunchOptions, key: str) -> str:
-    """How a message names a setting: the flag when it was given, else the profile's key."""
-    return f"--{key}" if getattr(options, key, None) not in (None, False) else f"the profile's {key}"

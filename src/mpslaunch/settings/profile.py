@@ -1,30 +1,61 @@
 """Profiles: what the user wants, as plain data. The schema and its checks; nothing here reads
 or writes a file (profile_files.py does).
 
-A profile knows nothing about the machine. Its keys, types, defaults and checks come from the
-option table (options.py), shared with the command line and the Python API.
+A profile knows nothing about the machine. Its keys, types, defaults and checks are the option
+table's profile keys (options.py), shared with the command line and the Python API;
+tests/settings/test_options.py holds the fields to the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, dataclass_of
+from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
-def _replace(self, **changes: object) -> "Profile":
-    return dataclasses.replace(self, **changes)
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A profile: every key with its value."""
+
+    version: int = PROFILE_VERSION
+    # what to run on
+    device: str = "auto"
+    mixed_precision: str = "no"
+    num_processes: int | None = None  # None: one per NVIDIA GPU, else 1
+    # several machines
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_ip_via_nat: bool = False
+    main_process_port: int = 0
+    # how torch.distributed.run meets the ranks
+    rdzv_backend: str = "static"
+    rdzv_timeout: int = RDZV_TIMEOUT
+    max_restarts: int = 0
+    # on a Mac: PYTORCH_ENABLE_MPS_FALLBACK, PYTORCH_MPS_HIGH_WATERMARK_RATIO
+    mps_fallback: bool = True
+    mps_memory_cap: float | None = None
+    gpu_ids: str | None = None
+    # torch.compile, for the script's Accelerator
+    dynamo_backend: str = "no"
+    dynamo_mode: str = "default"
+    dynamo_use_fullgraph: bool = False
+    dynamo_use_dynamic: bool = False
+    dynamo_use_regional_compilation: bool = False
+    # more for the script's Accelerator, and what runs beside the script
+    debug: bool = False
+    check: bool = True
+    keep_awake: bool = True
+
+    def replace(self, **changes: object) -> Profile:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
 
 
-def _to_dict(self) -> dict[str, object]:
-    return dataclasses.asdict(self)
-
-
-Profile = dataclass_of("Profile", PROFILE_OPTIONS, "A profile: every key with its value.",
-                       lambda option: option.default, replace=_replace, to_dict=_to_dict,
-                       module=__name__)
 KNOWN_KEYS = tuple(option.name for option in PROFILE_OPTIONS)
 
 

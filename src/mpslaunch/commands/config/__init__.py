@@ -17,9 +17,11 @@ from mpslaunch import machine as machine_probe
 from mpslaunch import output
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
+from mpslaunch.launcher import prepare
 from mpslaunch.plan import apply_flags, decide, mps_problem
-from mpslaunch.settings import (MPS_KEYS, LaunchOptions, Profile, add_option, add_table_options,
-                                default_config_path, profile_files, unused_default_note)
+from mpslaunch.settings import (MPS_KEYS, LaunchOptions, Profile, ProfileFile, add_option,
+                                add_table_options, default_config_path, profile_files,
+                                unused_default_note)
 
 HELP = """\
 Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
@@ -77,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         if args.default or importing:
             raise MpslaunchError("`config show` prints a profile and `--default` or "
                                  "`--from-accelerate` writes one; give one of them")
-        print(show(args.config_file, args.profile, machine_probe.probe()))
+        print(show(args.config_file, args.profile))
         return 0
     path = profile_files.profile_path(args.config_file, args.profile)
     if path.is_dir():  # say so before any question is asked, not after
@@ -176,15 +178,16 @@ def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
     print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
     print(profile_files.to_yaml(profile, unused_keys(profile, machine)))
-    print(on_this_machine(profile, machine))
+    print(on_this_machine(ProfileFile(profile, path), machine))
     if use:
         print(use)
     return 0
 
 
-def show(config_file: str | None, profile_name: str | None, machine: Machine) -> str:
-    """The profile in force, where it is and what it means here (with a note on stderr when
-    Accelerate's default config exists and is not used)."""
+def show(config_file: str | None, profile_name: str | None, machine: Machine | None = None) -> str:
+    """The profile in force, where it is and what it means on `machine` (by default this one, as
+    `launch` sees it), with a note on stderr when Accelerate's default config exists and is not
+    used."""
     loaded = profile_files.read_active(config_file, profile_name)
     if loaded.path is None:
         where = profile_files.profile_path(config_file, profile_name)
@@ -195,20 +198,22 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine) ->
     else:
         head = f"# {loaded.path}"
     profile = loaded.profile
-    body = profile_files.to_yaml(profile, unused_keys(profile, machine)).split("\n", 1)[1]  # no comment line
+    unused = unused_keys(profile, machine or machine_probe.probe())
+    body = profile_files.to_yaml(profile, unused).split("\n", 1)[1]  # no comment line
     accelerate = unused_default_note(os.environ)
     if accelerate:
         output.note(f"Accelerate's default config {accelerate}")
-    return f"{head}\n{body}\n{on_this_machine(profile, machine)}"
+    return f"{head}\n{body}\n{on_this_machine(loaded, machine)}"
 
 
-def on_this_machine(profile: Profile, machine: Machine) -> str:
-    """One line: what `mpslaunch launch script.py` would do here with this profile."""
+def on_this_machine(loaded: ProfileFile, machine: Machine | None) -> str:
+    """One line: what `mpslaunch launch script.py` would do with this profile on `machine` (by
+    default this one, as `launch` sees it)."""
     try:
-        decision = decide(profile, LaunchOptions(), machine, os.environ)
+        decision = prepare(LaunchOptions(), loaded=loaded, machine=machine, quiet=True)
     except MpslaunchError as error:
         return f"on this machine `mpslaunch launch` would refuse: {error}"
-    return f"on this machine: device {profile.device} -> {decision.choice()}"
+    return f"on this machine: device {loaded.profile.device} -> {decision.choice()}"
 
 
 def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:

@@ -25,7 +25,8 @@ from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.logdir import usable_log_dir
-from mpslaunch.run.processes import RUN_MARKER, environment, exit_code, new_run_id
+from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
+                                     new_run_id, rank_pids)
 from mpslaunch.run.torchrun.attempts import Attempts, following
 from mpslaunch.run.torchrun.gate import Gate
 from mpslaunch.run.torchrun.console import whole_rank_lines
@@ -34,8 +35,7 @@ from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VAR
                                      rendezvous_for)
 from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
                                             stopped_ranks, stopped_summary)
-from mpslaunch.run.torchrun.signals import (LauncherSignals, Stopped, adopt_orphans, child_pids,
-                                            rank_pids, sweep)
+from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
 from mpslaunch.run.torch_internals import Elastic, graceful_stops, tune
 
 
@@ -129,7 +129,7 @@ def _run(plan: LaunchPlan, grace_seconds: float, run_id: str) -> int:
             _say(stop.summary or stopped_summary(stop.signum))
         finally:
             signals.quiet()
-            sweep(run_id, started, callers_children)
+            signals.watcher.clean_up(started, callers_children)
     # The launcher is about to exit: with torch loaded, the interpreter's last garbage collection
     # makes that exit slow, and nothing of the launcher's waits on it.
     gc.freeze()

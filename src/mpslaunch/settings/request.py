@@ -1,0 +1,88 @@
+"""What `launch`, `test` and `mpslaunch.launch()` ask for: the options of a request, one field per
+option of the table that is not `request=False`, in the table's order, and what to run.
+tests/settings/test_options.py holds these fields to the table (names, types, defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpslaunch.settings.options import DEFAULT_GRACE_SECONDS, REQUEST_OPTIONS
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """What the command line asked for, the target aside. None means 'not given': the profile
+    decides."""
+
+    # what to run on
+    cpu: bool = False
+    device: str | None = None  # auto, mps, cuda or cpu
+    mixed_precision: str | None = None
+    num_processes: int | None = None  # on this machine
+    # several machines
+    num_machines: int | None = None
+    machine_rank: int | None = None  # this machine's, from 0
+    main_process_ip: str | None = None  # machine 0's address
+    main_process_ip_via_nat: bool | None = None
+    main_process_port: int | None = None
+    # how torch.distributed.run meets and watches the ranks
+    rdzv_backend: str | None = None
+    rdzv_timeout: int | None = None  # seconds
+    max_restarts: int | None = None
+    monitor_interval: float | None = None  # seconds; None: the launcher's own
+    # NVIDIA GPUs
+    gpu_ids: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks
+    multi_gpu: bool = False
+    # torch.compile, for the script's Accelerator
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool | None = None  # no graph breaks
+    dynamo_use_dynamic: bool | None = None
+    dynamo_use_regional_compilation: bool | None = None
+    # more for the script's Accelerator
+    debug: bool | None = None
+    num_cpu_threads_per_process: int | None = None  # OMP_NUM_THREADS
+    # output, and what runs beside the script
+    log_dir: str | None = None
+    tee: str | None = None  # taken for Accelerate; every rank's output reaches the console
+    check: bool | None = None  # read the script first (mpslaunch check)
+    keep_awake: bool | None = None
+    # the run itself
+    grace_period: float = DEFAULT_GRACE_SECONDS
+    module: bool = False
+    no_python: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchRequest(LaunchOptions):
+    """What to run, and the options it was asked with: a script path (a module name with
+    `module`, an executable with `no_python`) and its arguments."""
+
+    target: str
+    target_args: tuple[str, ...] = ()
+
+
+def request_problem(options: LaunchOptions) -> str | None:
+    """The first option given with a value it may not have, as `--name why`; or None."""
+    for option in REQUEST_OPTIONS:
+        value = getattr(options, option.name)
+        if value is None:
+            continue
+        problem = option.problem(value)
+        if problem:
+            return f"{option.spelling} {problem}"
+    return None
+
+
+def given_as(options: LaunchOptions, key: str, value: object, profile_file: str | None) -> str:
+    """A setting as a message names it: `--key value` when the flag gave it (or no file is
+    known), else the profile's key and file (`key: value in FILE`)."""
+    if getattr(options, key, None) is not None or not profile_file:
+        return f"--{key} {value}"
+    return f"{key}: {value} in {profile_file}"
+
+
+def source_of(options: LaunchOptions, key: str) -> str:
+    """How a message names a setting: the flag when it was given, else the profile's key."""
+    return f"--{key}" if getattr(options, key, None) not in (None, False) else f"the profile's {key}"
