@@ -70,9 +70,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load(path: Path, name: str = "example"):
-    """A file as a module, under its own name in sys.modules (DataLoader workers unpickle its
-    classes from there)."""
+def load(path: Path, name: str | None = None):
+    """A file as a module, its folder on sys.path (as when Python runs it), under its own name
+    in sys.modules (DataLoader workers unpickle its classes from there)."""
+    name = name or path.stem
+    sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
