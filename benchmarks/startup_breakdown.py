@@ -7,8 +7,8 @@ launcher (any cv_example option works):
         --data_dir PHOTOS --model resnet50 --mixed_precision bf16
 
 prints, from T0 (the launch command), the end of the imports, then each set-up stage with the
-seconds it took: finding the images (before build_model), build_model, Accelerator(), the data
-loaders, prepare(), the first batch reaching the loop, and the first step on the device. Last,
+seconds it took: finding the images (before the model), the model, Accelerator(), the data
+loaders, prepare(), the first batch reaching the loop, and the first backward on the device. Last,
 for every epoch, the wait from the start of its loop to its first batch.
 """
 
@@ -45,6 +45,17 @@ def clocked(function, name: str):
 def clocked_accelerator(*args, **kwargs):
     accelerator = clocked(real_accelerator, "Accelerator()")(*args, **kwargs)
     accelerator.prepare = clocked(accelerator.prepare, "prepare()")
+    real_backward = accelerator.backward
+
+    def backward(loss, **options):  # the first one waits for the device
+        global first_step_pending
+        real_backward(loss, **options)
+        if first_step_pending:
+            loss.item()
+            mark("first backward done")
+            first_step_pending = False
+
+    accelerator.backward = backward
     return accelerator
 
 
@@ -53,18 +64,12 @@ def epoch_bar(*args, **kwargs):  # the example builds its bar just before each e
     return real_tqdm(*args, **kwargs)
 
 
-def clocked_step(accelerator, *args):
-    global first_step_pending
+def clocked_normalize(images):  # the example normalizes each batch as it arrives
     if epochs[-1]["first_batch"] is None:
         epochs[-1]["first_batch"] = time.perf_counter()
-    if first_step_pending:
+    if first_step_pending and not any(name == "first batch arrived" for name, _ in marks):
         mark("first batch arrived")
-    loss = real_step(accelerator, *args)
-    if first_step_pending:
-        loss.item()  # waits for the device
-        mark("first step done")
-        first_step_pending = False
-    return loss
+    return real_normalize(images)
 
 
 def report(launched_at: float) -> None:
@@ -78,12 +83,12 @@ def report(launched_at: float) -> None:
     print(f"startup: wait for each epoch's first batch: {waits}")
 
 
-real_step, real_tqdm, real_accelerator = example.train_step, example.tqdm, example.Accelerator
+real_normalize, real_tqdm, real_accelerator = example.normalize, example.tqdm, example.Accelerator
 first_step_pending = True
 example.Accelerator = clocked_accelerator
-example.build_model = clocked(example.build_model, "build_model")
+example.torchvision.models.get_model = clocked(example.torchvision.models.get_model, "the model")
 example.make_loader = clocked(example.make_loader, "make_loader")
-example.train_step, example.tqdm = clocked_step, epoch_bar
+example.normalize, example.tqdm = clocked_normalize, epoch_bar
 
 if __name__ == "__main__":
     code = example.main()

@@ -1,91 +1,100 @@
-"""examples/cv_example.py plus what a long run needs: checkpoints, resuming, a clean stop.
+"""cv_example.py's training plus what a long run needs: checkpoints, an exact resume, a clean stop.
 
-    python examples/make_demo_images.py images
     mpslaunch launch examples/complete_cv_example.py --data_dir images --image_size 64 \\
-        --checkpointing_steps epoch
+        --checkpointing_steps epoch    # and, after a stop, to go on where it stopped:
     mpslaunch launch examples/complete_cv_example.py --data_dir images --image_size 64 \\
-        --resume_from_checkpoint latest          # after a stop: continue where it was
+        --checkpointing_steps epoch --resume_from_checkpoint latest
 
-The data, the model and the step come from cv_example.py, beside this file (read it first).
-This script adds:
-  * `--checkpointing_steps epoch|N`: Accelerate's save_state (model, optimizer, schedule, random
-    states, the position in training) to `--output_dir`/checkpoints/step_<global step>;
-  * `--resume_from_checkpoint PATH|latest` continues at that step, mid-epoch too, and ends with
-    the very weights of an uninterrupted run: the shuffle and every image's augmentation depend
-    only on (seed, epoch, image), never on which worker or process loads it;
-  * SIGTERM or Ctrl-C finishes the step, saves a checkpoint and exits with 128 + the signal
-    number (143, 130); a second Ctrl-C stops at once. Several processes stop at the same step;
-  * an image that does not decode is skipped, counted and named, never a crash;
-  * a save that finds the disk full stops the run with one line and exit code 1 (bad input is
-    2): what it wrote is removed, the checkpoints before it stay as they were;
-  * the trained weights go to `--output_dir`/model.safetensors, the results to metrics.json.
+Checkpoints go to `--output_dir`/checkpoints, whole or not at all: a full disk ends the run with
+one line and leaves the earlier ones as they were. A resume, mid-epoch too, ends with the very
+weights of a run that never stopped. SIGTERM or Ctrl-C finishes the step, saves and exits with
+128 + the signal number (143, 130), every process at the same step; a second Ctrl-C stops at once.
 """
 
-from __future__ import annotations
-
-import atexit
-import errno
+import argparse
 import json
-import multiprocessing
 import os
+import re
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+import traceback
 from pathlib import Path
 
 import torch
+import torchvision
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from torch.utils.data import Sampler
-from tqdm.auto import tqdm
-
-import cv_example  # beside this file: Python puts a script's folder on sys.path
-from cv_example import (ImageFiles, InputError, Normalize, UnreadableImage, build_model,
-                        check_batch_size, find_images, make_loader, make_optimizer,
-                        progress_bar)
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, RandomSampler, random_split
+from torchvision.transforms import v2
 
 PROG = "complete_cv_example"
-UNREADABLE = -100  # the label of an image that did not decode: cross_entropy's ignore_index
+SKIPPED = -100  # the label of an image that does not decode: loss and accuracy leave it out
+STOP = {}  # the first SIGTERM or SIGINT: {"signal": number}
 
 
-class SeededImageFiles(ImageFiles):
-    """cv_example's ImageFiles, items (image, label, index). A training item is (index, seed):
-    the seed alone draws the image's augmentation. An image that does not decode comes back
-    blank, labelled UNREADABLE."""
-
-    def __getitem__(self, item):
-        index, seed = item if isinstance(item, tuple) else (item, None)
-        # The CPU generator only (all of them would start CUDA or MPS in each worker), and
-        # restored after: in the training process it also drives dropout.
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.random.default_generator.manual_seed(seed)
-            try:
-                image, label = super().__getitem__(index)
-            except UnreadableImage:
-                blank = torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
-                return blank, UNREADABLE, index
-        return image, label, index
+class InputError(Exception):
+    """Bad input: reported as one line, `complete_cv_example: error: ...`, and exit code 2."""
 
 
-class EpochShuffle(Sampler):
-    """(index, augmentation seed) pairs in an order drawn from (seed, epoch) alone."""
+def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
+    """The class names, then the training and the evaluation (path, class) pairs, 80/20."""
+    samples = []
+    for path in sorted(data_dir.rglob("*")):  # the class: a sub-folder, or a Pet-style name
+        parts, named = path.relative_to(data_dir).parts, re.match(r"(.+)_\d+$", path.stem)
+        label = parts[0] if len(parts) > 1 else named and named[1]
+        if label and path.suffix.lower() in (".jpg", ".jpeg", ".png") and path.is_file() \
+                and not any(part.startswith(".") for part in parts):  # not macOS `._*` files
+            samples.append((path, label))
+    classes = sorted({label for _, label in samples})
+    if len(classes) < 2:
+        raise InputError(f"found images of {len(classes)} class(es) in {data_dir}; it needs two or "
+                         f"more (a demo set: python examples/make_demo_images.py {data_dir})")
+    samples = [(path, classes.index(label)) for path, label in samples]
+    eval_count = max(1, round(len(samples) * 0.2))
+    return classes, *random_split(samples, [len(samples) - eval_count, eval_count],
+                                  generator=torch.Generator().manual_seed(seed))
 
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed, self.epoch = size, seed, 0
 
-    def set_epoch(self, epoch: int) -> None:
+class EpochOrder(RandomSampler):
+    """A shuffle drawn from the epoch alone, of (index, epoch) pairs: an image's crop and flip
+    come from its pair, the same in any worker, in a run that goes on or resumes mid-epoch."""
+
+    def set_epoch(self, epoch: int) -> None:  # the prepared loader's set_epoch() calls it
         self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.size
+        self.generator.manual_seed(epoch)
 
     def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.size, generator=generator).tolist()
-        return iter(zip(order, torch.randint(2**62, (self.size,), generator=generator).tolist()))
+        return ((index, self.epoch) for index in super().__iter__())
+
+
+class ImageFiles(Dataset):
+    """(uint8 image, label), decoded by Pillow (as in torchvision's ImageFolder) in DataLoader
+    workers; a damaged file raises there, and `unreadable` (in shared memory) marks it."""
+
+    def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool):
+        self.samples, self.image_size = samples, image_size
+        self.unreadable = torch.zeros(len(samples), dtype=torch.bool).share_memory_()
+        crops = [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()] \
+            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)]
+        self.transform = v2.Compose([*crops, v2.PILToTensor()])  # Pillow resizes the quickest
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, epoch = item if isinstance(item, tuple) else (item, 0)
+        path, label = self.samples[index]
+        with torch.random.fork_rng(devices=[]):  # the CPU generator is as it was after: in the
+            torch.random.default_generator.manual_seed(epoch * len(self) + index)  # training
+            try:
+                with Image.open(path) as picture:
+                    return self.transform(picture.convert("RGB")), label
+            except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+                self.unreadable[index] = True
+                return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8), SKIPPED
 
 
 def ignore_stop_signals(_worker_id: int) -> None:
@@ -94,348 +103,215 @@ def ignore_stop_signals(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def end_workers() -> None:
-    """At exit, multiprocessing stops the workers still running with SIGTERM, which they ignore,
-    then waits for them: after a failure that leaves a loader alive (in its traceback), for ever.
-    Registered after torch imported multiprocessing, this runs first and ends them."""
-    for worker in multiprocessing.active_children():
-        worker.kill()
+def ask_to_stop(number: int, _frame) -> None:
+    STOP.setdefault("signal", number)  # the loop saves and stops; a second Ctrl-C at once:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt
 
 
-def train_step(accelerator, model, optimizer, scheduler, normalize, images, labels):
-    """cv_example's step, on the readable images only; the loss stays on the device."""
-    loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels, reduction="sum",
-                                             ignore_index=UNREADABLE)
-    loss = loss / (labels != UNREADABLE).sum().clamp_min(1)
-    accelerator.backward(loss)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 batches travel to the device (4x less to copy than float32) and become float here."""
+    return (images.float() - 114.5) / 57.6  # ImageNet's mean and spread of pixel values
 
 
-@dataclass
-class Position:
-    """Where training is; saved in every checkpoint (register_for_checkpointing)."""
-    epoch: int = 0  # epochs done
-    step_in_epoch: int = 0
-    global_step: int = 0
-    eval_accuracies: list[float] = field(default_factory=list)
-
+class Progress(dict):  # {"global_step", "eval_accuracies"}: in each checkpoint
     def state_dict(self) -> dict:
-        return dict(vars(self))
+        return dict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        vars(self).update(state)
+        self.update(state)
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    steps = sorted((output_dir / "checkpoints").glob("step_*[0-9]"))
-    return steps[-1] if steps else None  # zero-padded names sort by step
+def save_whole(accelerator, save, final: Path) -> Path:
+    """save(folder) writes into final.partial, renamed once every process is done: a save that
+    fails (a full disk) or is killed never looks whole, and the ones before it stay as they were."""
+    partial = final.with_name(final.name + ".partial")
+    try:
+        save(str(partial))
+    except (OSError, RuntimeError) as error:  # torch.save and safetensors raise one of them
+        shutil.rmtree(partial, ignore_errors=True)
+        free = shutil.disk_usage(final.parent).free / 2**20
+        sys.exit(f"{PROG}: error: cannot save {final} ({free:,.1f} MiB free there: "  # code 1
+                 f"{str(error).strip().splitlines()[0]}); make room or choose another "
+                 "--output_dir; the checkpoints before it are whole")
+    accelerator.wait_for_everyone()  # each process has written its part (its random states)
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)  # the model of an earlier run
+        partial.rename(final)
+    accelerator.wait_for_everyone()
+    return final
 
 
-class DiskFull(Exception):
-    """A save that did not fit: reported in one line, exit code 1."""
+@torch.no_grad()
+def evaluate(accelerator, model, loader) -> float:
+    model.eval()
+    correct = total = 0
+    for images, labels in loader:
+        predictions = model(normalize(images)).argmax(dim=1)
+        # gather_for_metrics(): all processes' predictions (mps: one), less the last batch's fill
+        predictions, labels = accelerator.gather_for_metrics((predictions, labels))
+        correct, total = correct + (predictions == labels).sum(), total + (labels != SKIPPED).sum()
+    model.train()
+    return int(correct) / max(1, int(total))
 
 
-def size_of(path: Path) -> int:
-    files = path.rglob("*") if path.is_dir() else [path] if path.exists() else []
-    return sum(file.stat().st_size for file in files if file.is_file())
+def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
+    classes, train_set, eval_set = find_images(args.data_dir, args.seed)
+    set_seed(args.seed)  # Python's, NumPy's and torch's generators (cuda's and mps's too)
+    if args.model not in torchvision.models.list_models(module=torchvision.models):
+        raise InputError(f"unknown --model {args.model!r}; use a torchvision classification "
+                         "model, e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
+    model = torchvision.models.get_model(args.model, num_classes=len(classes))
+    # Accelerator(): mps on Apple silicon, cuda on NVIDIA, else cpu; the launcher's precision too
+    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+    device, processes = accelerator.device, accelerator.num_processes
+    if len(train_set) < args.batch_size * processes:  # each process needs a full batch
+        raise InputError(f"--batch_size {args.batch_size} x {processes} process(es) is more than "
+                         f"the {len(train_set)} training images")
+    datasets = [ImageFiles(samples, args.image_size, train=samples is train_set)
+                for samples in (train_set, eval_set)]
+    # The CPU decodes in line (training takes all its cores); beside a GPU, workers on all CPUs
+    # but one per process. Persistent ones start once (macOS spawns them); CUDA copies pinned.
+    workers, local_processes = args.num_workers, int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if workers is None:
+        workers = 0 if device.type == "cpu" else max(1, os.cpu_count() // local_processes - 1)
+    options = dict(batch_size=args.batch_size, num_workers=workers, persistent_workers=workers > 0,
+                   pin_memory=device.type == "cuda", worker_init_fn=ignore_stop_signals,
+                   generator=torch.Generator())  # its own: the training's (dropout's) stays as is
+    order = EpochOrder(train_set, generator=torch.Generator())  # reseeded at each epoch
+    train_loader = DataLoader(datasets[0], sampler=order, drop_last=True, **options)
+    eval_loader = DataLoader(datasets[1], **options)
+    if device.type != "mps":  # channels_last speeds convolutions up on CUDA and CPUs, not MPS
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr / 25)  # one cycle: a warm-up
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(  # to --lr, then down; the steps counted
+        optimizer, args.lr, total_steps=args.num_epochs * len(train_loader))  # before prepare()
+    # prepare(): the model to the device (in DDP with processes); each its share of the batches
+    model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
+        model, optimizer, scheduler, train_loader, eval_loader)
+    progress = Progress(global_step=0, eval_accuracies=[])
+    accelerator.register_for_checkpointing(progress)  # save_state() and load_state() include it
+    checkpoint = args.resume_from_checkpoint
+    if checkpoint == "latest":  # zero-padded step numbers: the last name is the latest
+        checkpoint = max((args.output_dir / "checkpoints").glob("step_*[0-9]"), default=None)
+        if checkpoint is None:
+            accelerator.print(f"{PROG}: no checkpoint in {args.output_dir}/checkpoints yet")
+    elif checkpoint and not Path(checkpoint).is_dir():
+        raise InputError(f"--resume_from_checkpoint {checkpoint}: no such checkpoint folder")
+    if checkpoint:  # load_state(): weights, optimizer, schedule, progress, random states, onto
+        accelerator.load_state(str(checkpoint))  # this device (a save from mps resumes on cuda)
+        accelerator.print(f"{PROG}: resumed from {checkpoint} at step {progress['global_step']}")
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, ask_to_stop)
+    images_per_step, steps_per_epoch = train_loader.total_batch_size, len(train_loader)
+
+    def save_checkpoint() -> Path:  # save_state(): each process writes its part
+        final = args.output_dir / "checkpoints" / f"step_{progress['global_step']:08d}"
+        return final if final.exists() else save_whole(accelerator, accelerator.save_state, final)
+
+    for epoch in range(len(progress["eval_accuracies"]), args.num_epochs):
+        done = progress["global_step"] - epoch * steps_per_epoch  # steps of it before a resume
+        train_loader.set_epoch(epoch)  # the order and crops of this epoch (EpochOrder)
+        # skip_first_batches(): the loader without the batches done before the checkpoint.
+        loader = accelerator.skip_first_batches(train_loader, done) if done else train_loader
+        started, loss_sum, steps = time.perf_counter(), torch.zeros((), device=device), 0
+        for images, labels in loader:
+            loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels,
+                                                     reduction="sum", ignore_index=SKIPPED)
+            loss = loss / (labels != SKIPPED).sum().clamp_min(1)  # the mean over decoded images
+            accelerator.backward(loss)  # scales fp16 losses (cuda, mps); DDP averages (cuda, cpu)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum, steps = loss_sum + loss.detach(), steps + 1
+            progress["global_step"] += 1
+            if str(args.checkpointing_steps).isdigit() \
+                    and progress["global_step"] % int(args.checkpointing_steps) == 0:
+                save_checkpoint()
+            if STOP and processes > 1:
+                accelerator.set_trigger()  # check_trigger(): True in all processes once one set
+            # it (an all-reduce: nccl on cuda, gloo on cpu); one process (as on mps) needs none.
+            if STOP if processes == 1 else accelerator.check_trigger():
+                accelerator.print(f"{PROG}: stopped at step {progress['global_step']} by a signal; "
+                                  f"saved {save_checkpoint()}; continue with "
+                                  "--resume_from_checkpoint latest")
+                accelerator.end_training()
+                return 128 + STOP.get("signal", signal.SIGTERM)  # SIGTERM: another's signal
+        loss = accelerator.reduce(loss_sum, reduction="mean").item() / max(1, steps)  # all's
+        images_per_second = steps * images_per_step / (time.perf_counter() - started)
+        progress["eval_accuracies"].append(evaluate(accelerator, model, eval_loader))
+        accelerator.print(f"{PROG}: epoch {epoch + 1}/{args.num_epochs}: loss {loss:.3f}, "
+                          f"{images_per_second:,.0f} training images/s, eval accuracy "
+                          f"{progress['eval_accuracies'][-1]:.4f}")
+        if args.checkpointing_steps == "epoch":
+            save_checkpoint()
+    # save_model(): the weights alone (model.safetensors), unwrapped from DDP, by one process.
+    save_whole(accelerator, lambda folder: accelerator.save_model(model, folder),
+               args.output_dir / "model")
+    marks = torch.cat([dataset.unreadable for dataset in datasets]).to(device)  # all processes':
+    skipped = accelerator.reduce(marks.int(), reduction="sum").nonzero().flatten().tolist()
+    accuracies = progress["eval_accuracies"]
+    if accelerator.is_main_process:
+        (args.output_dir / "metrics.json").write_text(json.dumps({
+            "eval_accuracy": accuracies[-1], "eval_accuracy_per_epoch": accuracies,
+            "device": device.type, "mixed_precision": accelerator.mixed_precision,
+            "num_processes": processes, "train_images": len(train_set),
+            "eval_images": len(eval_set), "global_step": progress["global_step"],
+            "skipped_images": [str((train_set + eval_set)[i][0]) for i in skipped]}, indent=2))
+        print(f"{PROG}: eval accuracy {accuracies[-1]:.4f}; {len(skipped)} unreadable image(s) "
+              f"skipped; wrote {args.output_dir}/model and metrics.json")
+    accelerator.end_training()  # ends the trackers; several processes leave their group
+    return 0
 
 
-def ran_out_of_space(error: BaseException | None, written: int, free: int) -> bool:
-    """Whether a failed save filled the disk (torch.save says only "unexpected pos"); `free`
-    counts the space again that its `written` bytes took."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        error = error.__cause__ or error.__context__
-    return free - written < 2**20  # it stopped within a megabyte of a full disk
-
-
-def undo_failed_save(error: Exception, path: Path, what: str, like: Path | None) -> None:
-    """Removes what a failed save wrote to `path`; DiskFull if it ran out of space. `like`: a
-    complete save of the same state, whose size it needs."""
-    written = size_of(path)
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-    free = shutil.disk_usage(next(folder for folder in path.parents if folder.exists())).free
-    if ran_out_of_space(error, written, free):
-        needs = f"needs about {size_of(like) / 1e6:,.1f} MB and {free / 1e6:,.1f} MB are free" \
-            if like else f"needs more than the {free / 1e6:,.1f} MB free"
-        kept = f"; {like} is intact" if like else ""
-        raise DiskFull(f"the disk is full: {what} in {path.parent} {needs}; make room or choose "
-                       f"another --output_dir{kept}") from None
-
-
-class StopRequest:
-    """SIGTERM and Ctrl-C set a flag; the loop finishes its step, saves and exits. The signal
-    module keeps this object until exit, so it holds no accelerator (which holds the loaders)."""
-
-    def __init__(self, accelerator: Accelerator):
-        self.processes, self.signal_number, self.cpu_group = accelerator.num_processes, None, None
-        # Processes on one machine agree over a CPU (gloo) group: no wait for the device at
-        # each step. Across machines, where gloo may not reach, over Accelerate's trigger.
-        one_machine = accelerator.num_processes == int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if accelerator.num_processes > 1 and one_machine:
-            self.cpu_group = torch.distributed.group.WORLD \
-                if torch.distributed.get_backend() == "gloo" \
-                else torch.distributed.new_group(backend="gloo")
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, self.handle)
-
-    def handle(self, number, _frame) -> None:
-        if number == signal.SIGINT == self.signal_number:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        self.signal_number = number
-
-    def agreed(self, a: Accelerator) -> bool:
-        """Whether to stop now: all processes stop at the same step if any was signalled."""
-        signalled = self.signal_number is not None
-        if self.processes == 1:
-            return signalled
-        if self.cpu_group is None:
-            if signalled:
-                a.set_trigger()
-            return a.check_trigger()
-        flag = torch.tensor([int(signalled)])
-        torch.distributed.all_reduce(flag, group=self.cpu_group)
-        return bool(flag.item())
-
-
-class Training:
-    """The run: set up once, then epochs of steps, evaluations and checkpoints."""
-
-    def __init__(self, args):
-        self.args = args
-        classes, train_set, eval_set = find_images(args.data_dir, args.seed)
-        set_seed(args.seed)
-        model = build_model(args.model, len(classes), args.pretrained)
-        check_batch_size(args, len(train_set))
-        self.checkpoint = None
-        if args.resume_from_checkpoint == "latest":
-            self.checkpoint = latest_checkpoint(args.output_dir)
-        elif args.resume_from_checkpoint is not None:
-            self.checkpoint = Path(args.resume_from_checkpoint)
-            if not self.checkpoint.is_dir():
-                raise InputError(f"--resume_from_checkpoint {self.checkpoint}: no such "
-                                 "checkpoint folder")
-        self.accelerator = a = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
-        self.normalize = Normalize(a.device)
-        model = model.to(memory_format=self.normalize.memory_format)
-        self.train_set = SeededImageFiles(train_set, args.image_size, train=True)
-        self.eval_set = SeededImageFiles(eval_set, args.image_size, train=False)
-        self.sampler = EpochShuffle(len(self.train_set), args.seed)
-        # The loaders' own generators: starting an epoch must not draw from the training's
-        # random state, or a resumed run would drift from an uninterrupted one.
-        options = dict(worker_init_fn=ignore_stop_signals, generator=torch.Generator())
-        train_loader = make_loader(self.train_set, args, a.device, sampler=self.sampler,
-                                   drop_last=True, **options)
-        eval_loader = make_loader(self.eval_set, args, a.device, **options)
-        # Steps counted before prepare() shares the batches out: each process steps the schedule.
-        optimizer, scheduler = make_optimizer(model, args.lr, args.num_epochs * len(train_loader))
-        (self.model, self.optimizer, self.scheduler, self.train_loader,
-         self.eval_loader) = a.prepare(model, optimizer, scheduler, train_loader, eval_loader)
-        self.position = Position()
-        a.register_for_checkpointing(self.position)
-        # Which images did not decode, marked by any process (on the device: no waiting).
-        self.unreadable = [torch.zeros(len(dataset), dtype=torch.bool, device=a.device)
-                           for dataset in (self.train_set, self.eval_set)]
-        self.stop = StopRequest(a)
-        a.print(f"{PROG}: {len(train_set)} train / {len(eval_set)} eval images, "
-                f"{len(classes)} classes; {args.model} on {a.device.type}, mixed precision "
-                f"{a.mixed_precision}, {a.num_processes} process(es)")
-
-    def resume(self) -> None:
-        if self.checkpoint is None:
-            if self.args.resume_from_checkpoint == "latest":
-                self.warn(f"no checkpoint in {self.args.output_dir / 'checkpoints'} yet; "
-                          "starting from the beginning")
-            return
-        try:
-            self.accelerator.load_state(str(self.checkpoint))
-        except (RuntimeError, ValueError, KeyError, FileNotFoundError) as error:
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise InputError(f"cannot resume from {self.checkpoint}: it does not match this run "
-                             f"(model, classes or options): {first_line}") from None
-        self.accelerator.print(f"{PROG}: resumed from {self.checkpoint} at epoch "
-                               f"{self.position.epoch + 1}, step {self.position.global_step}")
-
-    def run(self) -> int:
-        """All epochs; returns the exit code: 0, or 128 + N after signal N."""
-        for epoch in range(self.position.epoch, self.args.num_epochs):
-            trained = self.train_epoch(epoch)
-            if trained is None:
-                return self.save_and_stop()
-            self.position.epoch, self.position.step_in_epoch = epoch + 1, 0
-            accuracy = self.evaluate()
-            self.accelerator.print(f"{PROG}: epoch {epoch + 1}/{self.args.num_epochs}: loss "
-                                   f"{trained[0]:.3f}, {trained[1]:,.0f} training images/s, "
-                                   f"eval accuracy {accuracy:.4f}")
-            self.warn_about_skipped_images()
-            if self.args.checkpointing_steps == "epoch":
-                self.save_checkpoint()
-            if self.stop.agreed(self.accelerator):
-                return self.save_and_stop()
-        self.finish()
-        return 0
-
-    def train_epoch(self, epoch: int) -> tuple[float, float] | None:
-        """One pass over the training set from the current position: the mean loss and the
-        images/s of its steps in this run, or None if a stop was agreed."""
-        a, position, every = self.accelerator, self.position, self.args.checkpointing_steps
-        self.sampler.set_epoch(epoch)
-        self.train_loader.set_epoch(epoch)
-        loader = a.skip_first_batches(self.train_loader, position.step_in_epoch) \
-            if position.step_in_epoch else self.train_loader
-        images_per_step = self.train_loader.total_batch_size  # all processes' batches
-        bar = progress_bar(a, f"epoch {epoch + 1}/{self.args.num_epochs}",
-                           len(self.train_loader) * images_per_step,
-                           done=position.step_in_epoch * images_per_step)
-        started, loss_sum, steps = time.perf_counter(), torch.zeros((), device=a.device), 0
-        for images, labels, indices in loader:
-            loss_sum += train_step(a, self.model, self.optimizer, self.scheduler,
-                                   self.normalize, images, labels)
-            self.unreadable[0][indices] = labels == UNREADABLE
-            steps += 1
-            position.step_in_epoch += 1
-            position.global_step += 1
-            if bar.update(images_per_step):  # True when it redraws: reading the loss waits
-                bar.set_postfix(loss=f"{loss_sum.item() / steps:.3f}", refresh=False)
-            if isinstance(every, int) and position.global_step % every == 0:
-                self.save_checkpoint()
-            if self.stop.agreed(a):
-                bar.close()
-                return None
-        bar.close()
-        mean_loss = a.reduce(loss_sum, reduction="mean").item() / max(1, steps)
-        return mean_loss, steps * images_per_step / (time.perf_counter() - started)
-
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """The accuracy on the evaluation images that decode."""
-        a, model = self.accelerator, self.model
-        model.eval()
-        correct = total = 0
-        for images, labels, indices in self.eval_loader:
-            self.unreadable[1][indices] = labels == UNREADABLE  # skipped_images() adds them up
-            predictions = model(self.normalize(images)).argmax(dim=1)
-            # All processes' predictions, less the samples repeated to fill the last batch.
-            predictions, labels = a.gather_for_metrics((predictions, labels))
-            correct += (predictions == labels).sum()  # never for UNREADABLE: no class is -100
-            total += (labels != UNREADABLE).sum()
-        model.train()
-        self.position.eval_accuracies.append(int(correct) / max(1, int(total)))
-        return self.position.eval_accuracies[-1]
-
-    def warn_about_skipped_images(self) -> None:
-        skipped = self.skipped_images()
-        if skipped:
-            names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more"
-                                              if len(skipped) > 3 else "")
-            self.warn(f"skipped {len(skipped)} image(s) that could not be decoded: {names}")
-
-    def skipped_images(self) -> list[str]:
-        """The files found unreadable so far, by any process."""
-        found = []
-        for marks, dataset in zip(self.unreadable, (self.train_set, self.eval_set)):
-            marked = self.accelerator.reduce(marks.int(), reduction="sum")
-            found += [str(dataset.samples[i][0]) for i in marked.nonzero().flatten().tolist()]
-        return found
-
-    def save_checkpoint(self) -> Path:
-        """save_state into step_N.partial, then a rename: a killed save never looks complete,
-        a failed one is removed (DiskFull if the disk is full)."""
-        a = self.accelerator
-        final = self.args.output_dir / "checkpoints" / f"step_{self.position.global_step:08d}"
-        if not final.exists():  # already saved at this step (then a signal came)
-            partial = final.with_name(final.name + ".partial")
-            try:
-                a.save_state(str(partial))
-            except Exception as error:
-                undo_failed_save(error, partial, "a checkpoint",
-                                 latest_checkpoint(self.args.output_dir))
-                raise
-            a.wait_for_everyone()
-            if a.is_main_process:
-                partial.rename(final)
-            a.wait_for_everyone()
-        return final
-
-    def save_and_stop(self) -> int:
-        checkpoint = self.save_checkpoint()
-        self.accelerator.print(f"{PROG}: stopped at step {self.position.global_step} by a "
-                               f"signal; checkpoint saved to {checkpoint}; continue with "
-                               "--resume_from_checkpoint latest")
-        self.accelerator.end_training()
-        return 128 + (self.stop.signal_number or signal.SIGTERM)  # SIGTERM: another's
-
-    def finish(self) -> None:
-        a, args, position = self.accelerator, self.args, self.position
-        a.wait_for_everyone()
-        try:
-            a.save_model(self.model, args.output_dir)  # model.safetensors
-        except Exception as error:
-            undo_failed_save(error, args.output_dir / "model.safetensors", "the trained model",
-                             None)
-            raise
-        metrics = {"eval_accuracy": position.eval_accuracies[-1],
-                   "eval_accuracy_per_epoch": position.eval_accuracies,
-                   "device": a.device.type, "mixed_precision": a.mixed_precision,
-                   "num_processes": a.num_processes, "model": args.model,
-                   "image_size": args.image_size, "batch_size": args.batch_size,
-                   "train_images": len(self.train_set), "eval_images": len(self.eval_set),
-                   "epochs": position.epoch, "global_step": position.global_step,
-                   "skipped_images": len(self.skipped_images())}
-        if a.is_main_process:
-            (args.output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-            a.print(f"{PROG}: eval accuracy {metrics['eval_accuracy']:.4f}; wrote "
-                    f"{args.output_dir / 'metrics.json'} and model.safetensors")
-        a.end_training()
-
-    def warn(self, message: str) -> None:
-        if self.accelerator.is_main_process:
-            tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
-
-
-def checkpointing_steps(text: str) -> str | int:
-    if text == "epoch":
-        return text
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise ValueError(text)  # argparse: "invalid checkpointing_steps value: ..."
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # instead of printing the usage and exiting
+        raise InputError(message)
 
 
 def parse_args(argv: list[str] | None = None):
-    parser = cv_example.make_parser(PROG, __doc__)
-    parser.add_argument("--checkpointing_steps", type=checkpointing_steps, metavar="epoch|N",
-                        help="save a checkpoint after every epoch or every N steps")
-    parser.add_argument("--resume_from_checkpoint", metavar="PATH|latest",
-                        help="a checkpoint folder, or the latest in --output_dir/checkpoints")
-    return cv_example.parse_args(argv, parser)
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = parser.add_argument
+    add("--data_dir", type=Path, required=True, help="Label_Name_123.jpg files or class folders")
+    add("--output_dir", type=Path, default=Path("outputs", PROG), help="for the results")
+    add("--model", default="resnet18", help="a torchvision classifier")
+    add("--num_epochs", type=int, default=3, help="epochs")
+    add("--batch_size", type=int, default=64, help="per process")
+    add("--image_size", type=int, default=224, help="pixels a side")
+    add("--lr", type=float, default=3e-3, help="peak learning rate")
+    add("--num_workers", type=int, help="per process (by default 0 on the CPU, else the CPUs)")
+    add("--seed", type=int, default=42, help="fixes the split, the weights, the augmentation")
+    add("--cpu", action="store_true", help="Accelerator(cpu=True), else the launcher's choice")
+    add("--mixed_precision", choices=("no", "fp16", "bf16"), help="else the launcher's choice")
+    add("--checkpointing_steps", metavar="epoch|N",
+        help="save a checkpoint after every epoch or every N steps")
+    add("--resume_from_checkpoint", metavar="PATH|latest",
+        help="a checkpoint folder, or the latest in --output_dir/checkpoints")
+    args = parser.parse_args(argv)
+    for name in ("num_epochs", "batch_size", "image_size", "lr"):
+        if not getattr(args, name) > 0:
+            raise InputError(f"--{name} must be more than 0, got {getattr(args, name)}")
+    if (args.num_workers or 0) < 0:
+        raise InputError(f"--num_workers must be 0 or more, got {args.num_workers}")
+    if not re.fullmatch(r"epoch|[1-9][0-9]*", args.checkpointing_steps or "epoch"):
+        raise InputError("--checkpointing_steps is epoch or a number of steps, not "
+                         f"{args.checkpointing_steps!r}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun's: one process reports bad input
-    atexit.register(end_workers)
     try:
-        args = parse_args(argv)
-        training = Training(args)  # bad input is found before the device is touched
-        training.resume()
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        return training.run()
+        return train(parse_args(argv))
     except InputError as error:
-        if main_rank:
+        if os.environ.get("RANK", "0") == "0":  # every process finds it; the first one says it
             print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    except DiskFull as error:  # in the process that saved
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # a second Ctrl-C
         print(f"{PROG}: stopped without a checkpoint", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Exception:  # dropped after printing: its traceback holds the DataLoader workers,
+        traceback.print_exc()  # which ignore SIGTERM, so the exit would wait for them
+        return 1
 
 
 if __name__ == "__main__":
