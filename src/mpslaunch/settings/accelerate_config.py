@@ -335,7 +335,7 @@ def default_config_path(environ: Mapping[str, str] = os.environ) -> Path:
 
 def found_default(environ: Mapping[str, str] = os.environ) -> Path | None:
     path = default_config_path(environ)
-    return path if path.is_file() else None
+    return path if os.path.isfile(path) else None  # False too where HOME cannot be read
 
 
 def unused_default_note(environ: Mapping[str, str] = os.environ) -> str | None:

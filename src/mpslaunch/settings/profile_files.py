@@ -285,6 +285,28 @@ def profile_path(config_file: str | None = None, profile_name: str | None = None
     return config_dir() / f"{name}.yaml"
 
 
+def denied(path: Path) -> str | None:
+    """Why this user cannot even look for `path` (a folder on the way it may not search, as
+    with `sudo -u other` and HOME=/root), or None when it can."""
+    from mpslaunch.settings.paths import denied_at
+
+    try:
+        os.stat(path)
+    except PermissionError:
+        return denied_at(str(path))
+    except OSError:
+        pass
+    return None
+
+
+def check_writable_place(path: Path) -> None:
+    """Refuse, before anything is asked or read, a profile path this user cannot reach."""
+    why = denied(path)
+    if why:
+        raise MpslaunchError(f"cannot write {path}: permission denied ({why}); choose another place "
+                             "with --config_file PATH or MPSLAUNCH_CONFIG_DIR")
+
+
 def read_active(config_file: str | None = None, profile_name: str | None = None) -> ProfileFile:
     """The profile in force: an explicit one must exist; a missing default means the defaults."""
     if config_file or profile_name or os.path.exists(os.path.join(_config_folder(), "default.yaml")):

@@ -82,6 +82,7 @@ def main(args: argparse.Namespace) -> int:
         print(show(args.config_file, args.profile))
         return 0
     path = profile_files.profile_path(args.config_file, args.profile)
+    profile_files.check_writable_place(path)
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if importing:
@@ -191,7 +192,10 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine | N
     loaded = profile_files.read_active(config_file, profile_name)
     if loaded.path is None:
         where = profile_files.profile_path(config_file, profile_name)
-        head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
+        denied = profile_files.denied(where)
+        head = (f"# {where} cannot be read ({denied}): the defaults below apply; set "
+                "MPSLAUNCH_CONFIG_DIR to a folder of your own" if denied else
+                f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)")
     elif loaded.translation:
         head = f"# {loaded.path}: an Accelerate config file, read as this profile"
         head += "".join(f"\n# warning: {warning}" for warning in loaded.translation.warnings)
