@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_line_error, run_cli, write_script
+from conftest import one_line_error, run_cli, wait_for, write_script
 
 
 def unprivileged() -> list[str]:
@@ -55,3 +55,47 @@ def test_an_unreadable_home_gives_one_line_or_goes_on(locked_home, tmp_path):
     for args in (["config", "--default"], ["config", "--from_accelerate"]):
         line = one_line_error(as_other_user(args, locked_home, tmp_path))
         assert "permission denied" in line and "MPSLAUNCH_CONFIG_DIR" in line, line
+
+
+HELPER_LEFT_BEHIND = """\
+import subprocess, sys
+helper = subprocess.Popen(["sleep", "300"], start_new_session=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+open(sys.argv[1], "w").write(str(helper.pid))
+print("trained")
+"""
+
+BROKEN_PSUTIL = {
+    "fails_to_import": "raise ImportError('cannot import name _psutil_linux (a broken build)')\n",
+    "fails_when_asked": ("class Error(Exception):\n    pass\n\n"
+                         "def _broken(*args, **kwargs):\n    raise OSError('psutil is broken here')\n\n"
+                         "process_iter = Process = wait_procs = _broken\n"),
+}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the stand-in psutil is found through /proc")
+@pytest.mark.parametrize("broken", sorted(BROKEN_PSUTIL))
+def test_a_broken_psutil_at_the_clean_up_keeps_the_exit_code_and_kills_the_helper(tmp_path, broken):
+    standin = tmp_path / "standin" / "psutil"
+    standin.mkdir(parents=True)
+    (standin / "__init__.py").write_text(BROKEN_PSUTIL[broken])
+    write_script(tmp_path, "train.py", HELPER_LEFT_BEHIND)
+    pid_file = tmp_path / "helper.pid"
+    result = run_cli("launch", "--cpu", "--no_check", "train.py", str(pid_file), cwd=tmp_path,
+                     env={"PYTHONPATH": str(tmp_path / "standin")})
+    helper = int(pid_file.read_text())
+    try:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and "trained" in result.stdout, result.stderr[-2000:]
+        assert wait_for(lambda: not alive(helper), 10), "the helper the script left behind survived"
+    finally:
+        if alive(helper):
+            os.kill(helper, 9)
