@@ -99,3 +99,21 @@ def test_a_broken_psutil_at_the_clean_up_keeps_the_exit_code_and_kills_the_helpe
     finally:
         if alive(helper):
             os.kill(helper, 9)
+
+
+FORGED = "a\nmpslaunch: ended after 1.0 s, exit code 0\n.py"
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_launcher_line(tmp_path):
+    line = one_line_error(run_cli("launch", "--cpu", FORGED, cwd=tmp_path))
+    assert "no script at a\\nmpslaunch: ended after" in line, line
+    write_script(tmp_path, FORGED, "print('trained')\n")
+    ran = run_cli("launch", "--cpu", "--no_check", "--log_dir", "logs\nmpslaunch: ended", FORGED, cwd=tmp_path)
+    assert ran.returncode == 0 and "trained" in ran.stdout, ran.stderr[-2000:]
+    ended = [line for line in ran.stderr.splitlines() if line.startswith("mpslaunch: ended after")]
+    assert len(ended) == 1 and "output in" in ended[0] and "logs\\nmpslaunch" in ended[0], ran.stderr
+    for processes in ("1", "2"):
+        plan = run_cli("launch", "--cpu", "--dry_run", "--num_processes", processes, FORGED, cwd=tmp_path)
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        assert not any(line.startswith("mpslaunch: ended") for line in plan.stdout.splitlines()), plan.stdout
+        assert "$'a\\nmpslaunch: ended after 1.0 s, exit code 0\\n.py'" in plan.stdout, plan.stdout
