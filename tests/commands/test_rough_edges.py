@@ -117,3 +117,16 @@ def test_a_newline_in_a_file_name_cannot_forge_a_launcher_line(tmp_path):
         assert plan.returncode == 0, plan.stderr[-2000:]
         assert not any(line.startswith("mpslaunch: ended") for line in plan.stdout.splitlines()), plan.stdout
         assert "$'a\\nmpslaunch: ended after 1.0 s, exit code 0\\n.py'" in plan.stdout, plan.stdout
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_an_unusable_log_dir_is_refused_before_the_plan_line(tmp_path, processes):
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    (tmp_path / "taken").write_text("a file\n")
+    for log_dir in ("/dev/null", "taken", "taken/logs"):
+        for dry_run in ((), ("--dry_run",)):
+            result = run_cli("launch", "--cpu", *dry_run, "--num_processes", processes, "--log_dir",
+                             log_dir, "train.py", cwd=tmp_path)
+            line = one_line_error(result)
+            assert f"--log_dir {log_dir}" in line and "not a folder" in line, line
+            assert result.stdout == ""

@@ -56,7 +56,21 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
         output.note(accelerate_note(loaded, here), quiet)
         for warning in loaded.translation.warnings:
             output.warning(warning)
-    return for_target(decision, options, here) if targeted else decision
+    if not targeted:
+        return decision
+    plan = for_target(decision, options, here)
+    _check_log_dir(plan)
+    return plan
+
+
+def _check_log_dir(plan: LaunchPlan) -> None:
+    """A --log_dir that cannot be a folder is refused before the plan is announced or shown."""
+    if plan.log_dir:
+        from mpslaunch.run import log_dir_problem
+
+        problem = log_dir_problem(plan.log_dir)
+        if problem:
+            raise MpslaunchError(problem)
 
 
 def _verified(machine: Machine, quiet: bool) -> Machine:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __getattr__ = lazy_names(__name__, {
     "processes": ("environment",),
+    "logdir": ("log_dir_problem",),
     "torchrun.elastic": ("run_function",),
     "torchrun.outcome": ("EXIT_ABORT_ISSUE",),
 })
