@@ -130,3 +130,14 @@ def test_an_unusable_log_dir_is_refused_before_the_plan_line(tmp_path, processes
             line = one_line_error(result)
             assert f"--log_dir {log_dir}" in line and "not a folder" in line, line
             assert result.stdout == ""
+
+
+def test_a_script_named_like_an_option_runs_as_a_file(tmp_path):
+    write_script(tmp_path, "-dash.py", "import sys\nprint('ran', sys.argv[1:])\n")
+    ran = run_cli("launch", "--cpu", "--", "-dash.py", "--epochs", "1", cwd=tmp_path)
+    assert ran.returncode == 0 and "ran ['--epochs', '1']" in ran.stdout, ran.stderr[-2000:]
+    for processes in ("1", "2"):
+        plan = run_cli("launch", "--cpu", "--dry_run", "--num_processes", processes, "--", "-dash.py",
+                       cwd=tmp_path)
+        assert plan.returncode == 0 and " ./-dash.py" in plan.stdout, plan.stderr[-2000:]
+        assert " -dash.py" not in plan.stdout, plan.stdout

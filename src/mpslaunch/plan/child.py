@@ -21,8 +21,13 @@ _DEFAULT_LOW_WATERMARK = 1.4
 def child_command(request: LaunchRequest, machine: Machine) -> tuple[str, ...]:
     if request.no_python:
         return (request.target, *request.target_args)
-    entry = ("-m", request.target) if request.module else (request.target,)
+    entry = ("-m", request.target) if request.module else (_as_file(request.target),)
     return (machine.python, *entry, *request.target_args)
+
+
+def _as_file(script: str) -> str:
+    """A script named like an option (`-dash.py`) as a path Python and torchrun take as a file."""
+    return f"./{script}" if script.startswith("-") else script
 
 
 def child_environment(settings: Profile, device: str, machine: Machine,
