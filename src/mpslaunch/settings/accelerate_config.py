@@ -125,6 +125,8 @@ def translate(config: Mapping[str, object], where: object) -> Translation:
     for key in ("main_process_port", "rdzv_backend"):
         if config.get(key) is not None:
             values[key] = config[key]
+    if isinstance(values.get("main_process_port"), str) and values["main_process_port"].isdigit():
+        values["main_process_port"] = int(values["main_process_port"])  # Accelerate passes it as text
     gpu_ids = config.get("gpu_ids")
     if gpu_ids is not None:
         values["gpu_ids"] = str(gpu_ids).replace(" ", "")  # YAML reads `gpu_ids: 0` as a number

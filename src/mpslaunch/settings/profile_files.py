@@ -150,6 +150,10 @@ def _utf16_without_a_mark(data: bytes) -> bool:
 def _parse(text: str, path: Path) -> yaml.MappingNode:
     import yaml  # here, not at the top: a launch without a profile file never needs it
 
+    if path.suffix.lower() == ".json":
+        # Accelerate reads a .json file as JSON, whose tabs may indent. In valid JSON a tab is
+        # only ever space between tokens (inside a string it is written \t): as YAML, a space.
+        text = text.replace("\t", " ")
     try:
         document = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as error:
