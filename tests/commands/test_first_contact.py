@@ -27,3 +27,23 @@ def test_a_script_or_a_typo_in_place_of_the_command_suggests_the_command(tmp_pat
 def test_an_unknown_command_names_the_commands(tmp_path):
     line = one_line_error(run_cli("frobnicate", cwd=tmp_path))
     assert "unknown command 'frobnicate'" in line and "launch" in line and "config" in line, line
+
+
+ARGPARSE_SCRIPT = """\
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=1)
+print("epochs", parser.parse_args().epochs)
+"""
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_launch_options_after_the_script_get_a_note_when_the_script_refuses_them(tmp_path, processes):
+    write_script(tmp_path, "train.py", ARGPARSE_SCRIPT)
+    refused = run_cli("launch", "train.py", "--cpu", "--num_processes", processes, cwd=tmp_path)
+    assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr, refused.stderr
+    notes = [line for line in refused.stderr.splitlines() if line.startswith("mpslaunch: note:")]
+    assert len(notes) == 1 and "--cpu and --num_processes" in notes[0], refused.stderr
+    assert "went to the script" in notes[0] and "before the script" in notes[0], notes[0]
+    ran = run_cli("launch", "--cpu", "--num_processes", processes, "train.py", "--epochs", "2", cwd=tmp_path)
+    assert ran.returncode == 0 and "epochs 2" in ran.stdout and "note:" not in ran.stderr, ran.stderr
