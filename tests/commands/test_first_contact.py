@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import one_line_error, run_cli, write_script
+from mpslaunch.settings import profile_files
 
 
 @pytest.mark.parametrize("args, suggested", [
@@ -47,3 +48,17 @@ def test_launch_options_after_the_script_get_a_note_when_the_script_refuses_them
     assert "went to the script" in notes[0] and "before the script" in notes[0], notes[0]
     ran = run_cli("launch", "--cpu", "--num_processes", processes, "train.py", "--epochs", "2", cwd=tmp_path)
     assert ran.returncode == 0 and "epochs 2" in ran.stdout and "note:" not in ran.stderr, ran.stderr
+
+
+def test_yaml_no_in_a_hand_written_profile_means_no(tmp_path):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text("device: cpu\nmixed_precision: no\ndynamo_backend: off\n")
+    loaded = profile_files.load(profile)
+    assert (loaded.mixed_precision, loaded.dynamo_backend) == ("no", "no")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    plan = run_cli("launch", "--dry_run", "--config_file", str(profile), "train.py", cwd=tmp_path)
+    assert plan.returncode == 0 and "mixed precision: no" in plan.stdout, plan.stderr
+    profile.write_text("device: no\n")  # no choice of device is called no: still refused
+    line = one_line_error(run_cli("launch", "--dry_run", "--config_file", str(profile), "train.py",
+                                  cwd=tmp_path))
+    assert "device must be str, not bool False" in line, line

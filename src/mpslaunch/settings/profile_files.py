@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings.options import cut
+from mpslaunch.settings.options import BY_NAME, cut
 from mpslaunch.settings.profile import KNOWN_KEYS, Profile, check_profile, check_value
 
 # yaml is imported where a profile is read or written (a launch without a profile file never
@@ -61,7 +61,7 @@ def read(path: Path) -> ProfileFile:
         if key not in KNOWN_KEYS:
             raise MpslaunchError(f"{where}: unknown key {cut(repr(key))}{_suggestion(key)}; "
                                  f"known keys: {', '.join(KNOWN_KEYS)}")
-        value = _construct(value_node, path)
+        value = _as_meant(key, _construct(value_node, path))
         problem = check_value(key, value)
         if problem:
             raise MpslaunchError(f"{where}: {key} {problem}")
@@ -71,6 +71,12 @@ def read(path: Path) -> ProfileFile:
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
     return ProfileFile(profile, path)
+
+
+def _as_meant(key: str, value: object) -> object:
+    """YAML 1.1 reads an unquoted `no` (or off, false) as False, as Accelerate's files do: for a
+    key whose choices include "no" (mixed_precision, dynamo_backend) that is what it means."""
+    return "no" if value is False and "no" in BY_NAME[key].choices else value
 
 
 def read_accelerate(path: Path) -> Translation | None:
