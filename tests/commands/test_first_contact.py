@@ -62,3 +62,20 @@ def test_yaml_no_in_a_hand_written_profile_means_no(tmp_path):
     line = one_line_error(run_cli("launch", "--dry_run", "--config_file", str(profile), "train.py",
                                   cwd=tmp_path))
     assert "device must be str, not bool False" in line, line
+
+
+def test_an_import_over_an_existing_profile_keeps_the_old_one_beside_it(tmp_path):
+    accelerate = tmp_path / "accelerate.yaml"
+    accelerate.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\n"
+                          "mixed_precision: bf16\nuse_cpu: true\nnum_processes: 1\n")
+    config = tmp_path / "config"
+    config.mkdir()
+    mine = "# tuned by hand\ndevice: cpu\nmixed_precision: fp16\nmps_memory_cap: 0.5\n"
+    (config / "default.yaml").write_text(mine)
+    result = run_cli("config", "--from_accelerate", str(accelerate), config_dir=config)
+    assert result.returncode == 0, result.stderr
+    assert (config / "default.yaml.bak").read_text() == mine
+    assert f"the previous one is kept as {config / 'default.yaml.bak'}" in result.stdout, result.stdout
+    assert "mixed_precision: bf16" in (config / "default.yaml").read_text()
+    again = run_cli("config", "--from_accelerate", str(accelerate), config_dir=config)
+    assert again.returncode == 0 and (config / "default.yaml.bak").read_text() == mine, again.stdout

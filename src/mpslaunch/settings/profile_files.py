@@ -223,15 +223,15 @@ def save(profile: Profile, path: Path, leave_out: tuple[str, ...] = ()) -> None:
     write_atomically(path, to_yaml(profile, leave_out))
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str | bytes) -> None:
     # A temp file + rename also never follows a symlink planted at `path`: rename replaces it.
     import tempfile  # only when writing
 
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(handle, 0o666 & ~_current_umask())
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(text.encode() if isinstance(text, str) else text)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temp_name, path)

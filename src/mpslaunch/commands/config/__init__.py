@@ -171,18 +171,32 @@ def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> 
 
 
 def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
+    text = profile_files.to_yaml(profile, unused_keys(profile, machine))
     replaced = path.exists()
     try:
+        kept = _keep_previous(path, text) if replaced else None
         profile_files.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
         raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
-    print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
-    print(profile_files.to_yaml(profile, unused_keys(profile, machine)))
+    print(f"{'Replaced' if replaced else 'Wrote'} {path}"
+          f"{f' (the previous one is kept as {kept})' if kept else ''}:\n")
+    print(text)
     print(on_this_machine(ProfileFile(profile, path), machine))
     if use:
         print(use)
     return 0
+
+
+def _keep_previous(path: Path, text: str) -> Path | None:
+    """A profile about to be replaced by different text is copied to PATH.bak first: whatever
+    wrote it (a hand, the questions, an import), nothing is lost, and no question stops a script."""
+    previous = path.read_bytes()
+    if previous == text.encode():
+        return None
+    backup = path.with_name(path.name + ".bak")
+    profile_files.write_atomically(backup, previous)
+    return backup
 
 
 def show(config_file: str | None, profile_name: str | None, machine: Machine | None = None) -> str:
