@@ -29,8 +29,8 @@ Write a profile: the settings `mpslaunch launch` uses when no option overrides t
 With no options it asks a few questions and offers only what this machine can run,
 saying why anything is left out. --default (or `config default`) writes the default
 profile without questions: device auto, which picks mps on Apple silicon, then cuda,
-then cpu, and one process per NVIDIA GPU; --device, --mixed_precision and
---num_processes change those. --from-accelerate imports an Accelerate config file.
+then cpu, and one process per NVIDIA GPU (num_processes: null), on whichever machine
+reads it; --device, --mixed_precision and --num_processes change those. --from-accelerate imports an Accelerate config file.
 `config show` prints the profile in force, where it is, and what it means here.
 
 Profiles live in the config folder ($MPSLAUNCH_CONFIG_DIR when set): default.yaml,
@@ -165,9 +165,11 @@ def _keep_mps(ask: bool) -> bool:
 
 
 def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> Profile:
-    """--default: the defaults and the choices given, checked as `launch` checks them, with
-    num_processes written out as auto means it here (one per NVIDIA GPU, else 1)."""
-    return decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+    """--default: the defaults and the choices given, checked as `launch` checks them. Without
+    --num_processes the count stays null (one process per NVIDIA GPU), so that a profile in a
+    home folder shared by several machines means what it says on each."""
+    checked = decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+    return checked.replace(num_processes=choices.get("num_processes"))
 
 
 def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
