@@ -79,3 +79,17 @@ def test_an_import_over_an_existing_profile_keeps_the_old_one_beside_it(tmp_path
     assert "mixed_precision: bf16" in (config / "default.yaml").read_text()
     again = run_cli("config", "--from_accelerate", str(accelerate), config_dir=config)
     assert again.returncode == 0 and (config / "default.yaml.bak").read_text() == mine, again.stdout
+
+
+def test_check_counts_num_processes_as_launch_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # machine 1 of 2, as this machine can describe it
+    write_script(tmp_path, "train.py", "import torch\nprint(torch.ones(1))\n")
+    two_machines = tmp_path / "two.yaml"
+    two_machines.write_text("device: cpu\nnum_machines: 2\nmachine_rank: 1\nmain_process_ip: 10.0.0.1\n")
+    plan = run_cli("launch", "--dry_run", "--config_file", str(two_machines), "--num_processes", "2",
+                   "train.py", cwd=tmp_path)
+    assert "2 per machine, 2 machine(s)" in plan.stdout, plan.stderr
+    checked = run_cli("check", "--config_file", str(two_machines), "--num_processes", "2", "train.py",
+                      cwd=tmp_path)
+    assert "cpu, 4 processes" in checked.stdout, checked.stdout + checked.stderr
+    assert "on this machine, as `launch --num_processes`" in " ".join(run_cli("check", "--help").stdout.split())
