@@ -93,3 +93,26 @@ def test_check_counts_num_processes_as_launch_does(tmp_path, monkeypatch):
                       cwd=tmp_path)
     assert "cpu, 4 processes" in checked.stdout, checked.stdout + checked.stderr
     assert "on this machine, as `launch --num_processes`" in " ".join(run_cli("check", "--help").stdout.split())
+
+
+def test_messages_spell_options_as_help_shows_them():
+    """--help shows --dry_run and --from_accelerate; a message that says --dry-run sends the
+    reader looking for an option --help does not list (the dash forms are accepted, not shown)."""
+    import ast
+    import re
+
+    from conftest import REPO
+    from mpslaunch.settings import OPTIONS
+
+    ours = {option.spelling for option in OPTIONS if option.spelling} | {"--from_accelerate"}
+    torchruns = REPO / "src" / "mpslaunch" / "run" / "torchrun" / "args.py"  # torchrun's own --log-dir
+    found = []
+    for path in (REPO / "src" / "mpslaunch").rglob("*.py"):
+        if path == torchruns:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found += [(path.name, word) for word in re.findall(r"--[a-z]+(?:-[a-z]+)+", node.value)
+                          if word.replace("-", "_").replace("__", "--", 1) in ours]
+    # torch.distributed.run's own option, and flags.py's account of the hidden dash form.
+    assert set(found) <= {("child.py", "--monitor-interval"), ("flags.py", "--num-processes")}, found

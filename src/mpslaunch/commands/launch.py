@@ -1,5 +1,5 @@
 """`mpslaunch launch`: the flags become a LaunchRequest; launcher.prepare makes the plan, which
-is printed (--dry-run) or run (launcher.execute).
+is printed (--dry_run) or run (launcher.execute).
 """
 
 from __future__ import annotations

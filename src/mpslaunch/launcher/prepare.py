@@ -105,7 +105,7 @@ def accelerate_note(loaded: ProfileFile, machine: Machine) -> str:
     if loaded.translation.basic_cpu and mps_problem(machine) is None:
         note += ("; its use_cpu: true is what `accelerate config default` writes on every Mac "
                  "without asking, so this runs on cpu as it says: give --device mps to use the "
-                 "GPU, or import it with `mpslaunch config --from-accelerate`")
+                 "GPU, or import it with `mpslaunch config --from_accelerate`")
     return note
 
 

@@ -63,7 +63,7 @@ class LaunchPlan(Decision):
     monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
     no_python: bool = False  # command[0] is the target itself
     grace_period: float = DEFAULT_GRACE_SECONDS  # after Ctrl-C or SIGTERM, before the kill
-    mps_verdict: str | None = None  # on a Mac: torch's answer about mps, for --dry-run
+    mps_verdict: str | None = None  # on a Mac: torch's answer about mps, for --dry_run
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
@@ -81,7 +81,7 @@ class LaunchPlan(Decision):
         return line
 
     def describe(self) -> str:
-        """What --dry-run prints: the plan, the command and the variables it adds."""
+        """What --dry_run prints: the plan, the command and the variables it adds."""
         lines = [
             f"device:          {self.device}",
             f"reason:          {self.reason}",

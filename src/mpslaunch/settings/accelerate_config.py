@@ -346,4 +346,4 @@ def unused_default_note(environ: Mapping[str, str] = os.environ) -> str | None:
     if path is None:
         return None
     return (f"{path} exists and mpslaunch does not use it unless given (--config_file {path}); "
-            "import it with `mpslaunch config --from-accelerate`")
+            "import it with `mpslaunch config --from_accelerate`")

@@ -29,9 +29,10 @@ Write a profile: the settings `mpslaunch launch` uses when no option overrides t
 With no options it asks a few questions and offers only what this machine can run,
 saying why anything is left out. --default (or `config default`) writes the default
 profile without questions: device auto, which picks mps on Apple silicon, then cuda,
-then cpu, and one process per NVIDIA GPU (num_processes: null), on whichever machine
-reads it; --device, --mixed_precision and --num_processes change those. --from-accelerate imports an Accelerate config file.
-`config show` prints the profile in force, where it is, and what it means here.
+then cpu, and one process per NVIDIA GPU (num_processes: null) on whichever machine
+reads it; --device, --mixed_precision and --num_processes change those.
+--from_accelerate imports an Accelerate config file. A profile that is replaced by
+different text is kept as NAME.yaml.bak. `config show` prints the profile in force, where it is, and what it means here.
 
 Profiles live in the config folder ($MPSLAUNCH_CONFIG_DIR when set): default.yaml,
 which `launch` reads unless told otherwise, and NAME.yaml for --profile NAME.
@@ -41,7 +42,7 @@ examples:
   mpslaunch config                   answer the questions, write default.yaml
   mpslaunch config --profile cpu4    write a second profile, cpu4.yaml
   mpslaunch config default --mixed_precision bf16    no questions: auto device, bf16
-  mpslaunch config --from-accelerate import Accelerate's default config
+  mpslaunch config --from_accelerate import Accelerate's default config
   mpslaunch config show              print the profile in force
 """
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -78,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "show":
         if args.default or importing:
             raise MpslaunchError("`config show` prints a profile and `--default` or "
-                                 "`--from-accelerate` writes one; give one of them")
+                                 "`--from_accelerate` writes one; give one of them")
         print(show(args.config_file, args.profile))
         return 0
     path = profile_files.profile_path(args.config_file, args.profile)
@@ -131,7 +132,7 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
     config_path = Path(source).expanduser() if source else default_config_path()
     if not config_path.is_file():
         raise MpslaunchError(f"no Accelerate config file at {config_path}; give its path: "
-                             "`mpslaunch config --from-accelerate PATH`")
+                             "`mpslaunch config --from_accelerate PATH`")
     translation = profile_files.read_accelerate(config_path)
     if translation is None:
         raise MpslaunchError(f"{config_path} is an mpslaunch profile, not an Accelerate config; "

@@ -45,7 +45,7 @@ class LaunchFailed(MpslaunchError):
     exit_code = 1
 
 
-# ---------------------------------------------------------------- --dry-run
+# ---------------------------------------------------------------- --dry_run
 
 
 def describe(plan: LaunchPlan) -> str:
