@@ -42,9 +42,32 @@ def say(text: str, quiet: bool = False, stream=None) -> None:
     if quiet or target is None:  # print(file=None) would write to stdout, the script's data
         return
     try:
-        print(PREFIX + text, file=target, flush=True)
+        print(PREFIX + one_line(text), file=target, flush=True)
     except (OSError, ValueError):
         pass
+
+
+# A name the user chose (a file name may hold a newline) must not start a line of its own, which
+# could pass for one of the launcher's: control characters are shown escaped, as Python writes them.
+_ESCAPED = {**{code: f"\\x{code:02x}" for code in (*range(32), 127) if code != 9},
+            ord("\n"): "\\n", ord("\r"): "\\r"}
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters (newline, carriage return, escape...) escaped."""
+    return text.translate(_ESCAPED)
+
+
+def shell_words(words) -> str:
+    """A command line to copy into a shell: shlex.join, but a word with control characters is
+    written $'...', so that it stays on its line."""
+    import shlex
+
+    return " ".join(shlex.quote(word) if one_line(word) == word else _ansi_c(word) for word in words)
+
+
+def _ansi_c(word: str) -> str:
+    return "$'" + one_line(word.replace("\\", "\\\\").replace("'", "\\'")) + "'"
 
 
 # ---------------------------------------------------------------- the one error type

@@ -103,20 +103,26 @@ def test_default_on_apple_silicon_means_auto_which_is_mps(tmp_path, capsys, monk
     args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
     assert configure.main(args) == 0
     written = profile_files.load(path)
-    assert written == Profile(num_processes=1) and written.device == "auto"
+    assert written == Profile() and written.device == "auto"
     assert "device auto -> mps: Apple M2" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("machine, processes", [
     ("linux_8gpu", 8), ("linux_2gpu", 2), ("linux_1gpu", 1), ("m2_macos15", 1), ("linux_cpu", 1),
 ])
-def test_default_writes_what_auto_means_on_the_machine(tmp_path, capsys, monkeypatch, machine, processes):
+def test_default_leaves_the_process_count_to_each_machine(tmp_path, capsys, monkeypatch, machine, processes):
+    """A home folder shared with a GPU machine: the profile written on either one means one
+    process per GPU on each, and says what that is here."""
     monkeypatch.setattr(configure.machine_probe, "probe", lambda: MACHINES[machine])
     path = tmp_path / "default.yaml"
     args = argparse.Namespace(action=None, default=True, profile=None, config_file=str(path))
     assert configure.main(args) == 0
-    assert profile_files.load(path) == Profile(device="auto", num_processes=processes)
+    assert profile_files.load(path) == Profile(device="auto", num_processes=None)
+    assert "num_processes: null" in path.read_text()
     assert f"precision no; {processes} process" in capsys.readouterr().out
+    assert configure.show(str(path), None, MACHINES["linux_8gpu"]).endswith("8 processes, one per "
+                                                                           "GPU (--num_processes 1 for one)")
+    assert configure.show(str(path), None, MACHINES["linux_cpu"]).endswith("precision no; 1 process")
 
 
 def test_show_says_what_auto_becomes_and_what_would_be_refused(tmp_path):

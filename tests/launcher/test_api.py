@@ -182,3 +182,29 @@ def test_several_processes_leave_the_callers_environment_as_it_was():
     assert mpslaunch.launch(seen_by_the_function, "MPSLAUNCH_DEVICE", 1, cpu=True,
                             num_processes=2, quiet=True) == {0: ("cpu", 2), 1: ("cpu", 2)}
     assert dict(os.environ) == before
+
+
+FAILING_FUNCTION = """
+import mpslaunch
+
+def train_step(batch):
+    raise ValueError(f"bad batch {batch}")
+
+if __name__ == "__main__":
+    for start_method in ("fork", "spawn"):
+        try:
+            mpslaunch.launch(train_step, 7, cpu=True, num_processes=2, quiet=True,
+                             start_method=start_method)
+        except Exception as error:
+            print("raised:", type(error).__name__, str(error).splitlines()[1:3], flush=True)
+"""
+
+
+def test_a_failing_function_is_named_by_its_own_name(tmp_path):
+    write_script(tmp_path, "failing.py", FAILING_FUNCTION)
+    done = subprocess.run([sys.executable, "failing.py"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=240)
+    raised = [line for line in done.stdout.splitlines() if line.startswith("raised:")]
+    assert len(raised) == 2 and all("train_step FAILED" in line for line in raised), done.stdout
+    assert "bad batch 7" in done.stderr
+    assert "fresh_call" not in done.stdout + done.stderr, done.stderr[-3000:]

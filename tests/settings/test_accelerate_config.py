@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import MACHINES, basic_config, cluster_config
+from conftest import MACHINES, basic_config, cluster_config, run_cli
 from mpslaunch.settings import accelerate_config, profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import resolve
@@ -185,3 +185,22 @@ def test_off_values_are_idle_in_every_spelling(off):
                 "fsdp_config", "megatron_lm_config", "fp8_config", "parallelism_config", "mpirun_config",
                 "enable_cpu_affinity", "ipex_config", "use_mps_device", "dynamo_config", "dynamo_backend"):
         assert accelerate_config.translate({**base, key: off}, "acc.yaml") == plain, key
+
+
+def test_what_accelerate_reads_is_read_a_tab_indented_json_file_and_a_quoted_port(tmp_path):
+    fields = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_CPU",
+              "mixed_precision": "no", "use_cpu": True, "num_processes": 2,
+              "main_process_port": "29512", "gpu_ids": "all"}
+    tabbed = tmp_path / "tabbed.json"  # Accelerate reads a .json file with json.load
+    tabbed.write_text(json.dumps(fields, indent="\t"))
+    profile = translated(tabbed).profile
+    assert (profile.device, profile.num_processes, profile.main_process_port) == ("cpu", 2, 29512)
+    quoted = tmp_path / "quoted.yaml"  # Accelerate passes the port on as text: '29512' works
+    quoted.write_text("".join(f"{key}: {json.dumps(value)}\n" for key, value in fields.items()))
+    assert translated(quoted).profile == profile
+    (tmp_path / "x.py").write_text("print('ran')\n")
+    for path in (tabbed, quoted):
+        plan = run_cli("launch", "--dry_run", "--config_file", str(path), "x.py", cwd=tmp_path)
+        assert plan.returncode == 0 and "29512" in plan.stdout, plan.stderr[-2000:]
+    (tmp_path / "tabbed.yaml").write_text(tabbed.read_text())  # Accelerate's YAML reader refuses tabs
+    assert "not valid YAML" in refusal(tmp_path / "tabbed.yaml")

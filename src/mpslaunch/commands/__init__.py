@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         guard_standard_streams()
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
+    if command not in (None, *COMMANDS) and not {"-h", "--help", "--version"} & set(argv):
+        output.error(unknown_command(argv, command))
+        return 2
     parser = build_parser(command)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own parser names the nearest option and its own --help
@@ -153,6 +156,23 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except BrokenPipeError:
         return 0  # `mpslaunch env | head` closed the pipe early: not an error
+
+
+def unknown_command(argv: list[str], word: str) -> str:
+    """A script where the command goes (torchrun's habit) or a typo: the command line meant."""
+    import difflib  # only on a usage error
+
+    at = argv.index(word)
+    if word.endswith(".py") or os.path.isfile(word):
+        meant = ["launch", *argv]
+    else:
+        close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+        meant = [*argv[:at], close[0], *argv[at + 1:]] if close else None
+    listed = f"the commands are {', '.join(COMMANDS)} (see `mpslaunch --help`)"
+    if meant is None:
+        return f"unknown command {word!r}; {listed}"
+    return (f"unknown command {word!r} (did you mean `{output.shell_words(['mpslaunch', *meant])}`?); "
+            f"{listed}")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

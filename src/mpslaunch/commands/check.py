@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--device", choices=DEVICES,
                help="check for this device (default: the plan launch would use here)")
     add_option(parser, "--num_processes", type=int, metavar="N",
-               help="processes on all machines (default: the plan's)")
+               help="processes on this machine, as `launch --num_processes` counts them (default: "
+                    "the plan's; with --device, one machine is described)")
     add_option(parser, "--json", action="store_true", help="print the findings as JSON")
     add_table_options(parser, "profile", "config_file")
     parser.add_argument("script", help="the training script (a .py file)")

@@ -1,12 +1,12 @@
 """`mpslaunch launch`: the flags become a LaunchRequest; launcher.prepare makes the plan, which
-is printed (--dry-run) or run (launcher.execute).
+is printed (--dry_run) or run (launcher.execute).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from mpslaunch import launcher
+from mpslaunch import launcher, output
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import (ACCELERATOR, MACHINES, OPTIONS, OUTPUT, PLAN, add_refused,
                                 add_table_options, request_from_args)
@@ -49,4 +49,26 @@ def main(args: argparse.Namespace) -> int:
         print(launcher.describe(plan))
         return 0
     launcher.announce(plan, quiet=args.quiet)
-    return launcher.execute(plan, report=not args.quiet)
+    code = launcher.execute(plan, report=not args.quiet)
+    if code == USAGE_ERROR:
+        _note_options_after_the_script(args)
+    return code
+
+
+USAGE_ERROR = 2  # argparse's (and click's) exit code for arguments a script does not take
+
+
+def _note_options_after_the_script(args: argparse.Namespace) -> None:
+    """The torchrun habit reversed: launch's options written after the script are the script's."""
+    from mpslaunch.settings import spellings
+
+    ours = {word for option in OPTIONS if option.spelling
+            for word in (*spellings(option.spelling), option.short) if word}
+    given = list(dict.fromkeys(word.split("=", 1)[0] for word in args.script_args
+                               if word.split("=", 1)[0] in ours))
+    if given:
+        names = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
+        output.note(f"the script exited with code 2, as argparse does for arguments it does not "
+                    f"take; {names} came after {args.script}, so {'they' if len(given) > 1 else 'it'} "
+                    "went to the script: give launch's options before the script (`mpslaunch "
+                    "launch [options] script.py [script args]`)", args.quiet)

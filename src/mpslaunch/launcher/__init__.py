@@ -9,4 +9,4 @@ from mpslaunch.launcher.prepare import accelerate_note, announce, prepare
 from mpslaunch.launcher.targets import check_target
 from mpslaunch.run import describe, execute
 
-__getattr__ = lazy_names(__name__, {"api": ("launch", "fresh_call")})
+__getattr__ = lazy_names(__name__, {"api": ("launch", "FreshCall")})

@@ -71,7 +71,7 @@ def _call_here(plan: LaunchPlan, function, args: tuple):
         output.warning("torch is already imported, and it reads PYTORCH_ENABLE_MPS_FALLBACK when "
                        "it loads; set it before importing torch")
     with environment(plan.env):
-        return fresh_call(function, *args)
+        return FreshCall(function)(*args)
 
 
 def _run_in_processes(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict:
@@ -81,18 +81,26 @@ def _run_in_processes(plan: LaunchPlan, function, args: tuple, start_method: str
         _check_spawnable(function, args)
     from mpslaunch.run import run_function
 
-    return run_function(plan, fresh_call, (function, *args), start_method)
+    return run_function(plan, FreshCall(function), args, start_method)
 
 
-def fresh_call(function, *args):
-    """function(*args) with Accelerate's process-wide state cleared first: an Accelerator made
-    by an earlier call (or inherited through fork) would otherwise keep that call's settings."""
-    if "accelerate.state" in sys.modules:
-        from accelerate.state import AcceleratorState, GradientState
+class FreshCall:
+    """The user's function, called with Accelerate's process-wide state cleared first: an
+    Accelerator made by an earlier call (or inherited through fork) would otherwise keep that
+    call's settings. It carries the function's own name, by which torch names a failing rank."""
 
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
-    return function(*args)
+    def __init__(self, function):
+        self.function = function
+        self.__name__ = getattr(function, "__name__", type(function).__name__)
+        self.__qualname__ = getattr(function, "__qualname__", self.__name__)
+
+    def __call__(self, *args):
+        if "accelerate.state" in sys.modules:
+            from accelerate.state import AcceleratorState, GradientState
+
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+        return self.function(*args)
 
 
 def _check_spawnable(function, args: tuple) -> None:

@@ -56,7 +56,21 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
         output.note(accelerate_note(loaded, here), quiet)
         for warning in loaded.translation.warnings:
             output.warning(warning)
-    return for_target(decision, options, here) if targeted else decision
+    if not targeted:
+        return decision
+    plan = for_target(decision, options, here)
+    _check_log_dir(plan)
+    return plan
+
+
+def _check_log_dir(plan: LaunchPlan) -> None:
+    """A --log_dir that cannot be a folder is refused before the plan is announced or shown."""
+    if plan.log_dir:
+        from mpslaunch.run import log_dir_problem
+
+        problem = log_dir_problem(plan.log_dir)
+        if problem:
+            raise MpslaunchError(problem)
 
 
 def _verified(machine: Machine, quiet: bool) -> Machine:
@@ -91,7 +105,7 @@ def accelerate_note(loaded: ProfileFile, machine: Machine) -> str:
     if loaded.translation.basic_cpu and mps_problem(machine) is None:
         note += ("; its use_cpu: true is what `accelerate config default` writes on every Mac "
                  "without asking, so this runs on cpu as it says: give --device mps to use the "
-                 "GPU, or import it with `mpslaunch config --from-accelerate`")
+                 "GPU, or import it with `mpslaunch config --from_accelerate`")
     return note
 
 

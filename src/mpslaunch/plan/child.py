@@ -21,8 +21,13 @@ _DEFAULT_LOW_WATERMARK = 1.4
 def child_command(request: LaunchRequest, machine: Machine) -> tuple[str, ...]:
     if request.no_python:
         return (request.target, *request.target_args)
-    entry = ("-m", request.target) if request.module else (request.target,)
+    entry = ("-m", request.target) if request.module else (_as_file(request.target),)
     return (machine.python, *entry, *request.target_args)
+
+
+def _as_file(script: str) -> str:
+    """A script named like an option (`-dash.py`) as a path Python and torchrun take as a file."""
+    return f"./{script}" if script.startswith("-") else script
 
 
 def child_environment(settings: Profile, device: str, machine: Machine,
@@ -58,7 +63,7 @@ def child_environment(settings: Profile, device: str, machine: Machine,
 # processes they start. Left in a shell (a torchrun or SLURM job's), they tell a one-process
 # script it is one rank of a bigger world, and its init_process_group waits for the others
 # forever. A plan for one process is mpslaunch's: the child does not get them, and the summary
-# and --dry-run name them. (Several processes get torchrun's own values from torch's agent.)
+# and --dry_run name them. (Several processes get torchrun's own values from torch's agent.)
 OTHER_LAUNCHERS_VARIABLES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -184,7 +189,7 @@ def accelerate_environment(request: LaunchOptions, settings: Profile, device: st
 
 def accelerate_notes(request: LaunchOptions, settings: Profile, device: str,
                      env: Mapping[str, str]) -> tuple[str, ...]:
-    """For --dry-run: what each of Accelerate's options given became."""
+    """For --dry_run: what each of Accelerate's options given became."""
     notes = []
     if request.multi_gpu:
         notes.append(f"--multi_gpu: checked: {settings.num_processes} processes, one per GPU")

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mpslaunch.machine import Machine
-from mpslaunch.output import MpslaunchError
+from mpslaunch.output import MpslaunchError, one_line, shell_words
 from mpslaunch.plan.child import (REMOVED_WHY, accelerate_environment, accelerate_notes,
                                   check_multi_gpu, child_command, child_environment, no_effect,
                                   other_launchers_variables, replaced_values, with_gpu_ids)
@@ -64,7 +64,7 @@ class LaunchPlan(Decision):
     monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
     no_python: bool = False  # command[0] is the target itself
     grace_period: float = DEFAULT_GRACE_SECONDS  # after Ctrl-C or SIGTERM, before the kill
-    mps_verdict: str | None = None  # on a Mac: torch's answer about mps, for --dry-run
+    mps_verdict: str | None = None  # on a Mac: torch's answer about mps, for --dry_run
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
@@ -82,9 +82,7 @@ class LaunchPlan(Decision):
         return line
 
     def describe(self) -> str:
-        """What --dry-run prints: the plan, the command and the variables it adds."""
-        import shlex
-
+        """What --dry_run prints: the plan, the command and the variables it adds."""
         lines = [
             f"device:          {self.device}",
             f"reason:          {self.reason}",
@@ -94,9 +92,9 @@ class LaunchPlan(Decision):
             f"engine:          {self.engine}",
             *(["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
               if self.keep_awake else []),
-            f"command:         {shlex.join(self.command)}",
+            f"command:         {shell_words(self.command)}",
             "environment added:",
-            *(f"  {key}={value}" + (f"   replaced (was {self.replaced[key]})"
+            *(f"  {key}={one_line(value)}" + (f"   replaced (was {self.replaced[key]})"
                                      if key in self.replaced else "")
               for key, value in sorted(self.env.items())),
         ]

@@ -1,6 +1,6 @@
 """Running a plan: one process (single.py), or several through torch.distributed.run
 (torchrun/), with what the launcher does beside the script while it runs (companion.py).
-Everything is imported when a run needs it: --dry-run and the one-process start import
+Everything is imported when a run needs it: --dry_run and the one-process start import
 neither psutil nor torch.
 """
 
@@ -18,13 +18,14 @@ if TYPE_CHECKING:
 
 __getattr__ = lazy_names(__name__, {
     "processes": ("environment",),
+    "logdir": ("log_dir_problem",),
     "torchrun.elastic": ("run_function",),
     "torchrun.outcome": ("EXIT_ABORT_ISSUE",),
 })
 
 
 def describe(plan: LaunchPlan) -> str:
-    """What --dry-run prints."""
+    """What --dry_run prints."""
     if plan.engine == "single":
         text = plan.describe()
     else:

@@ -78,22 +78,34 @@ def may_be_marked(run_id: str) -> bool:
     Linux tells from /proc without psutil); kill_marked then finds them."""
     if not MARKS_SEEN_WITHOUT_PSUTIL:
         return True
+    return any(True for _ in _marked_in_proc(run_id))
+
+
+def _marked_in_proc(run_id: str) -> Iterator[int]:
+    """Linux: the pids (never this one) whose environment in /proc has RUN_MARKER=run_id."""
     entry = f"\0{RUN_MARKER}={run_id}\0".encode()
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as stream:
                 if entry in b"\0" + stream.read():
-                    return True
+                    yield int(name)
         except OSError:
             continue  # gone meanwhile, or another user's
-    return False
 
 
 def kill_marked(run_id: str, since: float) -> list[int]:
     """SIGKILL every live process that carries the run's marker and started after `since` (a
-    time.time()), wait briefly for them to go, and return their pids."""
+    time.time()), wait briefly for them to go, and return their pids. A broken psutil (it fails
+    to import, or raises) costs neither the script's exit code nor the clean-up on Linux."""
+    try:
+        return _kill_marked_with_psutil(run_id, since)
+    except Exception as error:  # anything a broken install raises
+        return _kill_marked_without_psutil(run_id, error)
+
+
+def _kill_marked_with_psutil(run_id: str, since: float) -> list[int]:
     import psutil
 
     killed = []
@@ -108,6 +120,32 @@ def kill_marked(run_id: str, since: float) -> list[int]:
                 pass
         psutil.wait_procs(left, timeout=1.0)
         killed += [process.pid for process in left]
+    return killed
+
+
+def _kill_marked_without_psutil(run_id: str, error: Exception) -> list[int]:
+    """/proc shows the marked processes on Linux; elsewhere psutil alone can, so say so."""
+    from mpslaunch.output import error_line, warning
+
+    repair = "reinstall it (pip install --force-reinstall psutil)"
+    if not MARKS_SEEN_WITHOUT_PSUTIL:
+        warning(f"psutil failed ({error_line(error)}), so processes the script left behind may "
+                f"still run; {repair}")
+        return []
+    warning(f"psutil failed ({error_line(error)}); the run's processes were found through /proc "
+            f"instead; {repair}")
+    killed = []
+    for _ in range(10):  # a helper may start another one while we kill: a few rounds
+        left = list(_marked_in_proc(run_id))
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)  # the marker is the run's own: no reused pid has it
+            except OSError:
+                pass
+        _reap(left, seconds=1.0)
+        killed += left
     return killed
 
 

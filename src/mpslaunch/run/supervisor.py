@@ -136,7 +136,12 @@ class Supervisor:
         self.stop_clock()
         for pid in self.leaders():
             kill_group(pid)
-        swept = [] if callers_children is None else sweep_children(self.run_id, callers_children)
+        swept = []
+        if callers_children is not None:
+            try:
+                swept = sweep_children(self.run_id, callers_children)
+            except Exception:  # a broken psutil: kill_marked (below) says so and finds them
+                pass
         if may_be_marked(self.run_id):
             swept += kill_marked(self.run_id, since)
         return swept

@@ -125,6 +125,8 @@ def translate(config: Mapping[str, object], where: object) -> Translation:
     for key in ("main_process_port", "rdzv_backend"):
         if config.get(key) is not None:
             values[key] = config[key]
+    if isinstance(values.get("main_process_port"), str) and values["main_process_port"].isdigit():
+        values["main_process_port"] = int(values["main_process_port"])  # Accelerate passes it as text
     gpu_ids = config.get("gpu_ids")
     if gpu_ids is not None:
         values["gpu_ids"] = str(gpu_ids).replace(" ", "")  # YAML reads `gpu_ids: 0` as a number
@@ -335,7 +337,7 @@ def default_config_path(environ: Mapping[str, str] = os.environ) -> Path:
 
 def found_default(environ: Mapping[str, str] = os.environ) -> Path | None:
     path = default_config_path(environ)
-    return path if path.is_file() else None
+    return path if os.path.isfile(path) else None  # False too where HOME cannot be read
 
 
 def unused_default_note(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -344,4 +346,4 @@ def unused_default_note(environ: Mapping[str, str] = os.environ) -> str | None:
     if path is None:
         return None
     return (f"{path} exists and mpslaunch does not use it unless given (--config_file {path}); "
-            "import it with `mpslaunch config --from-accelerate`")
+            "import it with `mpslaunch config --from_accelerate`")

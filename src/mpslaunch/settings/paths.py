@@ -61,7 +61,7 @@ def unreadable(shown: str, error: OSError, launching: bool = False) -> str:
         return (f"cannot read {shown}: a symbolic link on its path leads back to itself (too many "
                 "levels of symbolic links); check the links with `ls -l`")
     if error.errno in (errno.EACCES, errno.EPERM):
-        return f"cannot read {shown}: permission denied ({_denied_at(shown)})"
+        return f"cannot read {shown}: permission denied ({denied_at(shown)})"
     return f"cannot read {shown} ({error.strerror}); check the path and its permissions"
 
 
@@ -78,7 +78,7 @@ def current_folder() -> str | None:
         return None
 
 
-def _denied_at(shown: str) -> str:
+def denied_at(shown: str) -> str:
     """Which step of the path this user may not take: a folder it cannot enter, or the file."""
     absolute = os.path.abspath(shown) if current_folder() else shown
     folders = []

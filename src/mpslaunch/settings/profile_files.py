@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings.options import cut
+from mpslaunch.settings.options import BY_NAME, cut
 from mpslaunch.settings.profile import KNOWN_KEYS, Profile, check_profile, check_value
 
 # yaml is imported where a profile is read or written (a launch without a profile file never
@@ -61,7 +61,7 @@ def read(path: Path) -> ProfileFile:
         if key not in KNOWN_KEYS:
             raise MpslaunchError(f"{where}: unknown key {cut(repr(key))}{_suggestion(key)}; "
                                  f"known keys: {', '.join(KNOWN_KEYS)}")
-        value = _construct(value_node, path)
+        value = _as_meant(key, _construct(value_node, path))
         problem = check_value(key, value)
         if problem:
             raise MpslaunchError(f"{where}: {key} {problem}")
@@ -71,6 +71,12 @@ def read(path: Path) -> ProfileFile:
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
     return ProfileFile(profile, path)
+
+
+def _as_meant(key: str, value: object) -> object:
+    """YAML 1.1 reads an unquoted `no` (or off, false) as False, as Accelerate's files do: for a
+    key whose choices include "no" (mixed_precision, dynamo_backend) that is what it means."""
+    return "no" if value is False and "no" in BY_NAME[key].choices else value
 
 
 def read_accelerate(path: Path) -> Translation | None:
@@ -150,6 +156,10 @@ def _utf16_without_a_mark(data: bytes) -> bool:
 def _parse(text: str, path: Path) -> yaml.MappingNode:
     import yaml  # here, not at the top: a launch without a profile file never needs it
 
+    if path.suffix.lower() == ".json":
+        # Accelerate reads a .json file as JSON, whose tabs may indent. In valid JSON a tab is
+        # only ever space between tokens (inside a string it is written \t): as YAML, a space.
+        text = text.replace("\t", " ")
     try:
         document = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as error:
@@ -236,15 +246,15 @@ def save(profile: Profile, path: Path, leave_out: tuple[str, ...] = ()) -> None:
     write_atomically(path, to_yaml(profile, leave_out))
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str | bytes) -> None:
     # A temp file + rename also never follows a symlink planted at `path`: rename replaces it.
     import tempfile  # only when writing
 
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(handle, 0o666 & ~_current_umask())
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(text.encode() if isinstance(text, str) else text)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temp_name, path)
@@ -306,6 +316,28 @@ def profile_path(config_file: str | None = None, profile_name: str | None = None
         raise MpslaunchError(f"profile name {name!r} must be a plain name like 'fast' or "
                              "'cpu-4' (letters, digits, '-', '_', '.'), without .yaml")
     return config_dir() / f"{name}.yaml"
+
+
+def denied(path: Path) -> str | None:
+    """Why this user cannot even look for `path` (a folder on the way it may not search, as
+    with `sudo -u other` and HOME=/root), or None when it can."""
+    from mpslaunch.settings.paths import denied_at
+
+    try:
+        os.stat(path)
+    except PermissionError:
+        return denied_at(str(path))
+    except OSError:
+        pass
+    return None
+
+
+def check_writable_place(path: Path) -> None:
+    """Refuse, before anything is asked or read, a profile path this user cannot reach."""
+    why = denied(path)
+    if why:
+        raise MpslaunchError(f"cannot write {path}: permission denied ({why}); choose another place "
+                             "with --config_file PATH or MPSLAUNCH_CONFIG_DIR")
 
 
 def read_active(config_file: str | None = None, profile_name: str | None = None) -> ProfileFile:

@@ -29,9 +29,10 @@ Write a profile: the settings `mpslaunch launch` uses when no option overrides t
 With no options it asks a few questions and offers only what this machine can run,
 saying why anything is left out. --default (or `config default`) writes the default
 profile without questions: device auto, which picks mps on Apple silicon, then cuda,
-then cpu, and one process per NVIDIA GPU; --device, --mixed_precision and
---num_processes change those. --from-accelerate imports an Accelerate config file.
-`config show` prints the profile in force, where it is, and what it means here.
+then cpu, and one process per NVIDIA GPU (num_processes: null) on whichever machine
+reads it; --device, --mixed_precision and --num_processes change those.
+--from_accelerate imports an Accelerate config file. A profile that is replaced by
+different text is kept as NAME.yaml.bak. `config show` prints the profile in force, where it is, and what it means here.
 
 Profiles live in the config folder ($MPSLAUNCH_CONFIG_DIR when set): default.yaml,
 which `launch` reads unless told otherwise, and NAME.yaml for --profile NAME.
@@ -41,7 +42,7 @@ examples:
   mpslaunch config                   answer the questions, write default.yaml
   mpslaunch config --profile cpu4    write a second profile, cpu4.yaml
   mpslaunch config default --mixed_precision bf16    no questions: auto device, bf16
-  mpslaunch config --from-accelerate import Accelerate's default config
+  mpslaunch config --from_accelerate import Accelerate's default config
   mpslaunch config show              print the profile in force
 """
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -78,10 +79,11 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "show":
         if args.default or importing:
             raise MpslaunchError("`config show` prints a profile and `--default` or "
-                                 "`--from-accelerate` writes one; give one of them")
+                                 "`--from_accelerate` writes one; give one of them")
         print(show(args.config_file, args.profile))
         return 0
     path = profile_files.profile_path(args.config_file, args.profile)
+    profile_files.check_writable_place(path)
     if path.is_dir():  # say so before any question is asked, not after
         raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
     if importing:
@@ -130,7 +132,7 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
     config_path = Path(source).expanduser() if source else default_config_path()
     if not config_path.is_file():
         raise MpslaunchError(f"no Accelerate config file at {config_path}; give its path: "
-                             "`mpslaunch config --from-accelerate PATH`")
+                             "`mpslaunch config --from_accelerate PATH`")
     translation = profile_files.read_accelerate(config_path)
     if translation is None:
         raise MpslaunchError(f"{config_path} is an mpslaunch profile, not an Accelerate config; "
@@ -164,24 +166,40 @@ def _keep_mps(ask: bool) -> bool:
 
 
 def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> Profile:
-    """--default: the defaults and the choices given, checked as `launch` checks them, with
-    num_processes written out as auto means it here (one per NVIDIA GPU, else 1)."""
-    return decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+    """--default: the defaults and the choices given, checked as `launch` checks them. Without
+    --num_processes the count stays null (one process per NVIDIA GPU), so that a profile in a
+    home folder shared by several machines means what it says on each."""
+    checked = decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+    return checked.replace(num_processes=choices.get("num_processes"))
 
 
 def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
+    text = profile_files.to_yaml(profile, unused_keys(profile, machine))
     replaced = path.exists()
     try:
+        kept = _keep_previous(path, text) if replaced else None
         profile_files.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
         raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
                              "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
-    print(f"{'Replaced' if replaced else 'Wrote'} {path}:\n")
-    print(profile_files.to_yaml(profile, unused_keys(profile, machine)))
+    print(f"{'Replaced' if replaced else 'Wrote'} {path}"
+          f"{f' (the previous one is kept as {kept})' if kept else ''}:\n")
+    print(text)
     print(on_this_machine(ProfileFile(profile, path), machine))
     if use:
         print(use)
     return 0
+
+
+def _keep_previous(path: Path, text: str) -> Path | None:
+    """A profile about to be replaced by different text is copied to PATH.bak first: whatever
+    wrote it (a hand, the questions, an import), nothing is lost, and no question stops a script."""
+    previous = path.read_bytes()
+    if previous == text.encode():
+        return None
+    backup = path.with_name(path.name + ".bak")
+    profile_files.write_atomically(backup, previous)
+    return backup
 
 
 def show(config_file: str | None, profile_name: str | None, machine: Machine | None = None) -> str:
@@ -191,7 +209,10 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine | N
     loaded = profile_files.read_active(config_file, profile_name)
     if loaded.path is None:
         where = profile_files.profile_path(config_file, profile_name)
-        head = f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
+        denied = profile_files.denied(where)
+        head = (f"# {where} cannot be read ({denied}): the defaults below apply; set "
+                "MPSLAUNCH_CONFIG_DIR to a folder of your own" if denied else
+                f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)")
     elif loaded.translation:
         head = f"# {loaded.path}: an Accelerate config file, read as this profile"
         head += "".join(f"\n# warning: {warning}" for warning in loaded.translation.warnings)

@@ -1,6 +1,6 @@
 """From a LaunchPlan to torch.distributed.run's arguments and each rank's environment. Pure.
 
-No torch import and no side effect, so --dry-run is fast and tests check the arguments for any
+No torch import and no side effect, so --dry_run is fast and tests check the arguments for any
 number of machines. One machine always uses a static rendezvous on 127.0.0.1.
 """
 
@@ -21,7 +21,7 @@ SHARED_RUN_ID = "mpslaunch"  # several machines must agree on it; one machine ge
 LINE_PREFIX = "[rank${rank}] "
 LINE_PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 MONITOR_INTERVAL = "0.1"  # seconds between checks of the ranks (older torch defaulted to 5)
-FREE_PORT = "<free port>"  # what --dry-run shows before the port is picked
+FREE_PORT = "<free port>"  # what --dry_run shows before the port is picked
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapp
 
 def rank_environments(plan: LaunchPlan, rendezvous: Rendezvous,
                       port_text: str | None = None) -> list[dict[str, str]]:
-    """The variables torchrun gives each local rank on this machine (for --dry-run)."""
+    """The variables torchrun gives each local rank on this machine (for --dry_run)."""
     world = plan.num_processes * plan.num_machines
     static = rendezvous.backend == "static"
     table = []

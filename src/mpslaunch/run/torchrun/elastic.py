@@ -19,7 +19,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Mapping
 
-from mpslaunch.output import MpslaunchError, error_line
+from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.machine import endpoint
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
@@ -44,7 +44,7 @@ class LaunchFailed(MpslaunchError):
     exit_code = 1
 
 
-# ---------------------------------------------------------------- --dry-run
+# ---------------------------------------------------------------- --dry_run
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -56,11 +56,11 @@ def describe(plan: LaunchPlan) -> str:
         plan.describe(),
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
         f"  {LINE_PREFIX_VARIABLE}={shlex.quote(LINE_PREFIX)} "
-        + shlex.join([python, "-m", "torch.distributed.run", *argv]),
-        "  each rank runs: " + shlex.join(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
+        + shell_words([python, "-m", "torch.distributed.run", *argv]),
+        "  each rank runs: " + shell_words(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
-        *(f"  {key}={value}" for key, value in sorted(_added(plan, rendezvous).items())),
+        *(f"  {key}={one_line(value)}" for key, value in sorted(_added(plan, rendezvous).items())),
     ]
     for table in rank_environments(plan, rendezvous, port_text):
         lines.append(f"local rank {table['LOCAL_RANK']}: "
