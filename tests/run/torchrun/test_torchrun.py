@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import own_lines, run_cli, wait_for, write_script
+from conftest import own_lines, run_cli, two_gloo_ranks_ended_well, wait_for, write_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and /proc")
 
@@ -127,7 +127,7 @@ print("STATE", accelerator.distributed_type, accelerator.num_processes, accelera
 accelerator.end_training()
 """)
     result = run_cli(*TWO_CPU_RANKS, str(script), timeout=90)
-    assert result.returncode == 0, result.stderr
+    assert two_gloo_ranks_ended_well(result), result.stderr
     states = sorted(line for line in result.stdout.splitlines() if "STATE" in line)
     assert states == ["[rank0] STATE DistributedType.MULTI_CPU 2 0 gloo cpu 2.0",
                       "[rank1] STATE DistributedType.MULTI_CPU 2 1 gloo cpu 2.0"]
