@@ -116,3 +116,17 @@ def test_messages_spell_options_as_help_shows_them():
                           if word.replace("-", "_").replace("__", "--", 1) in ours]
     # torch.distributed.run's own option, and flags.py's account of the hidden dash form.
     assert set(found) <= {("child.py", "--monitor-interval"), ("flags.py", "--num-processes")}, found
+
+
+def test_a_profile_for_a_mac_can_be_written_from_linux_under_its_own_name(tmp_path):
+    mac = tmp_path / "mac.yaml"
+    written = run_cli("config", "--default", "--device", "mps", "--mixed_precision", "bf16",
+                      "--config_file", str(mac), cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert "device: mps" in mac.read_text() and "mixed_precision: bf16" in mac.read_text()
+    assert "on this machine `mpslaunch launch` would refuse: " in written.stdout, written.stdout
+    # The default profile is this machine's: one it cannot run is still refused.
+    line = one_line_error(run_cli("config", "--default", "--device", "mps", cwd=tmp_path,
+                                  config_dir=tmp_path / "config"))
+    assert "--device mps asks for mps" in line and "--config_file" in line, line
+    assert not (tmp_path / "config" / "default.yaml").exists()

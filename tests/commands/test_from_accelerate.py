@@ -79,7 +79,7 @@ def test_accelerates_default_config_is_named_and_imported(tmp_path):
                    mixed_precision="bf16")
     shown = run_cli("config", "show", env=env).stderr
     assert "mpslaunch: note: Accelerate's default config" in shown and "does not use it unless given" in shown
-    assert "mpslaunch config --from-accelerate" in shown
+    assert "mpslaunch config --from_accelerate" in shown
     report = run_cli("env", "--timeout", "60", env=env).stdout
     assert "- Accelerate default config: " in report and "does not use it unless given" in report
     assert run_cli("config", "--from-accelerate", env=env).returncode == 0
@@ -91,7 +91,7 @@ def on_a_mac(monkeypatch):
 
 
 def import_args(source, path, default=False) -> argparse.Namespace:
-    """`mpslaunch config --from-accelerate SOURCE --config_file PATH [--default]`."""
+    """`mpslaunch config --from_accelerate SOURCE --config_file PATH [--default]`."""
     return argparse.Namespace(action=None, default=default, profile=None, config_file=str(path),
                               from_accelerate=str(source), device=None, mixed_precision=None,
                               num_processes=None)

@@ -20,8 +20,8 @@ from mpslaunch.machine import Machine
 from mpslaunch.launcher import prepare
 from mpslaunch.plan import apply_flags, decide, mps_problem
 from mpslaunch.settings import (MPS_KEYS, LaunchOptions, Profile, ProfileFile, add_option,
-                                add_table_options, default_config_path, profile_files,
-                                unused_default_note)
+                                add_table_options, check_profile, default_config_path,
+                                profile_files, unused_default_note)
 
 HELP = """\
 Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
@@ -91,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
                                ask=not writes_default)
     if writes_default:
         machine = machine_probe.probe()
-        return write(default_profile(machine, os.environ, **choices), path, machine, how_to_use(args))
+        profile = default_profile(machine, os.environ, bool(args.config_file or args.profile), **choices)
+        return write(profile, path, machine, how_to_use(args))
     if not sys.stdin.isatty():
         raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
                              "`mpslaunch config --default` to write the default profile, or run "
@@ -165,11 +166,25 @@ def _keep_mps(ask: bool) -> bool:
     return questions.keep_mps(f"This file's {why[4:]}. Train on this Mac's GPU (mps) instead?")
 
 
-def default_profile(machine: Machine, environ: Mapping[str, str], **choices) -> Profile:
+def default_profile(machine: Machine, environ: Mapping[str, str], elsewhere: bool = False,
+                    **choices) -> Profile:
     """--default: the defaults and the choices given, checked as `launch` checks them. Without
     --num_processes the count stays null (one process per NVIDIA GPU), so that a profile in a
-    home folder shared by several machines means what it says on each."""
-    checked = decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+    home folder shared by several machines means what it says on each. `elsewhere`: the profile
+    is named (--config_file, --profile), so a --device this machine lacks (a Mac's mps, written
+    from Linux) is written for the machine that has it."""
+    try:
+        checked = decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+    except MpslaunchError as refusal:
+        if "device" not in choices:
+            raise
+        if not elsewhere:
+            raise MpslaunchError(f"{refusal}; or, for another machine, write it under its own "
+                                 "name: --config_file PATH or --profile NAME") from None
+        checked = Profile(**choices)  # for another machine: the rules that hold on any machine
+        problem = check_profile(checked)
+        if problem:
+            raise MpslaunchError(problem) from None
     return checked.replace(num_processes=choices.get("num_processes"))
 
 
