@@ -145,6 +145,20 @@ def own_lines(output: str, *starts: str) -> list[str]:
             if RANK_PREFIX.sub("", line, count=1).startswith(starts)]
 
 
+# The CLI run with an Apple M4 Max's platform facts (os.uname and sysctl's answers, macOS 15.5
+# build DESCRIBED_MAC_BUILD); everything else is real. `python -c ON_A_MAC_CLI ARGS`.
+DESCRIBED_MAC_BUILD = "24F74"
+ON_A_MAC_CLI = """
+import os, sys
+from mpslaunch import commands as cli
+from mpslaunch.machine import facts as machine
+os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
+machine._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "%s",
+                                "machdep.cpu.brand_string": "Apple M4 Max", "kern.hv_vmm_present": "0"}
+sys.exit(cli.main(sys.argv[1:]))
+""" % DESCRIBED_MAC_BUILD
+
+
 def two_gloo_ranks_ended_well(result: subprocess.CompletedProcess) -> bool:
     """Two gloo ranks whose script returned: exit 0, or torch's known abort at interpreter exit
     after the script had returned (SIGABRT, exit 134, pytorch/pytorch#190489; about 1 run in 5),

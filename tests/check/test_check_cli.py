@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import ON_A_MAC_CLI as ON_A_MAC
 from conftest import REPO, run_cli, write_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -143,17 +144,6 @@ def test_launch_leaves_a_broken_script_and_modules_to_python(tmp_path):
     assert module.returncode == 0 and "warning" not in module.stderr
 
 
-# Runs the CLI with a Mac's platform facts (os.uname and sysctl's answers), as
-# tests/commands/test_described_mac.py does; everything else is real.
-ON_A_MAC = """
-import os, sys
-from mpslaunch import commands as cli
-from mpslaunch.machine import facts as machine
-os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
-machine._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "24F74",
-                                "machdep.cpu.brand_string": "Apple M4 Max", "kern.hv_vmm_present": "0"}
-sys.exit(cli.main(sys.argv[1:]))
-"""
 
 
 def test_launch_on_a_mac_warns_about_spawned_workers_even_on_cpu():

@@ -11,20 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import DESCRIBED_MAC_BUILD as BUILD
+from conftest import ON_A_MAC_CLI as ON_A_MAC
 from conftest import run_cli, write_script
 from mpslaunch.machine import probe, torch_check
 
 SCRIPTS = Path(__file__).parent / "scripts"
-BUILD = "24F74"
-ON_A_MAC = """
-import os, sys
-from mpslaunch import commands as cli
-from mpslaunch.machine import facts as machine
-os.uname = lambda: os.uname_result(("Darwin", "mac", "25.3.0", "", "arm64"))
-machine._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "%s",
-                                "machdep.cpu.brand_string": "Apple M4 Max", "kern.hv_vmm_present": "0"}
-sys.exit(cli.main(sys.argv[1:]))
-""" % BUILD
 
 
 def test_check_for_a_mac_names_the_fallback_and_what_to_write():
