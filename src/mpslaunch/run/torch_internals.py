@@ -6,14 +6,20 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
 - LaunchConfig's shutdown_timeout and signals_to_handle (newer torch only), its
   log_line_prefix_template and logs_specs are set after parsing (`Elastic.config`, `tune`);
-- without signals_to_handle (torch before 2.10), PContext.start takes over SIGTERM, SIGINT,
-  SIGHUP and SIGQUIT, even one the launcher was started with ignored (nohup's SIGHUP), and
-  torch 2.4 fails outside the main thread: for the run, the `signal` module that torch's
-  multiprocessing module sees lets through only the launcher's choice, and nothing from another
-  thread, as newer torch does (`torch_signals`);
-- DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
-- PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
-  ended, as torch before 2.10 reports only the ranks that failed before the stop;
+- PContext.start takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT (from torch 2.10 those that
+  signals_to_handle names), even one the launcher was started with ignored (nohup's SIGHUP), and
+  never gives them back (so a program calling mpslaunch.launch() lost its Ctrl-C); its handler
+  raises SignalException, an Exception, which torch's own `except Exception` swallows where it
+  lands in the log tailers' stop (every restart goes through it); torch 2.4 fails outside the
+  main thread. For the run, the `signal` module that torch's multiprocessing module sees sets no
+  handler at all, on every release: the launcher's own stay (`torch_takes_no_signals`);
+- DefaultLogsSpecs.reify is called with each attempt's rank environments, before its ranks
+  start (`Elastic.logs_specs`);
+- PContext.close and PContext.wait are swapped for the run (`graceful_stops`). close records how
+  the ranks it stopped ended, as torch before 2.10 reports only the ranks that failed before the
+  stop, and sends the stop's own signal (the launcher's `death_signal`); wait (torch's agent
+  looking at the ranks it holds) and the end of close tell the launcher that unwinding torch's
+  agent is safe there (`safe_point`);
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
@@ -35,14 +41,12 @@ import datetime
 import inspect
 import re
 import signal
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
-TORCHS_STOPPING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what PContext.start takes
 
 
 def release(version: str) -> tuple[int, int, int] | None:
@@ -60,17 +64,16 @@ def libuv_takes_a_listening_socket(version: str) -> bool:
 def missing() -> list[str]:
     """What the launcher's promises rest on and the installed torch lacks, one line each."""
     from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.launcher.api import LaunchConfig
 
     lines = []
     if not _takes_a_timeout(getattr(api, "PContext", None)):
         lines.append("torch's PContext.close(death_sig, timeout) is not there: when a rank fails, "
                      "the others get torch's own time to stop, not --grace_period, and the summary "
                      "judges them by their exit codes")
-    if "signals_to_handle" not in getattr(LaunchConfig, "__dataclass_fields__", {}) \
-            and getattr(api, "signal", None) is not signal:
+    if getattr(api, "signal", None) is not signal:
         lines.append("torch takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT for the run, even a "
-                     "signal the launcher was started with ignored (nohup's SIGHUP)")
+                     "signal the launcher was started with ignored (nohup's SIGHUP), and a stop "
+                     "may be lost while it restarts the ranks")
     return lines
 
 
@@ -115,40 +118,27 @@ def tune(config, grace_seconds: float) -> None:
 
 
 @contextmanager
-def torch_signals(config, handles: str | None = None) -> Iterator[None]:
-    """While the run lasts, torch's agent takes over only the stopping signals in `handles`
-    ("SIGTERM,SIGINT"; None: torch's own four), and only from the main thread."""
-    if hasattr(config, "signals_to_handle"):  # torch 2.10 and later do both themselves
-        if handles is not None:
-            config.signals_to_handle = handles
-        yield
-        return
+def torch_takes_no_signals() -> Iterator[None]:
+    """While the run lasts, torch's agent installs no signal handler: the launcher's stay."""
     from torch.distributed.elastic.multiprocessing import api
 
     if getattr(api, "signal", None) is not signal:  # missing() names it
         yield
         return
-    names = TORCHS_STOPPING_SIGNALS if handles is None else handles.split(",")
-    api.signal = _SignalsLetThrough({signal.Signals[name] for name in names if name})
+    api.signal = _NoHandlers()
     try:
         yield
     finally:
         api.signal = signal
 
 
-class _SignalsLetThrough:
-    """The signal module, for torch's multiprocessing module: handlers for `allowed` from the main
-    thread are set; any other is left as it is."""
-
-    def __init__(self, allowed: set[int]):
-        self.allowed = allowed
+class _NoHandlers:
+    """The signal module, for torch's multiprocessing module: setting a handler sets none."""
 
     def __getattr__(self, name: str):
         return getattr(signal, name)
 
     def signal(self, signum: int, handler):
-        if signum in self.allowed and threading.current_thread() is threading.main_thread():
-            return signal.signal(signum, handler)
         return signal.getsignal(signum)
 
 
@@ -181,7 +171,9 @@ class RankStops:
 
 
 @contextmanager
-def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
+def graceful_stops(grace_seconds: float, launcher=None) -> Iterator[RankStops]:
+    """For the run: torch's agent stops ranks with the grace period and, with `launcher` (its
+    death_signal(default), safe_point(), defer_while_starting), the stop's own signal."""
     from torch.distributed.elastic.multiprocessing import api
 
     stops = RankStops(grace_seconds)
@@ -189,21 +181,35 @@ def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
     if not _takes_a_timeout(PContext):  # missing() names it
         yield stops
         return
-    original = PContext.close
+    original_close, original_wait = PContext.close, PContext.wait
 
     def close(context, death_sig=None, timeout=30):
         if context is not stops.attempt:
             stops.attempt, stops.stopped = context, {}
+        if launcher is not None:
+            chosen = launcher.death_signal(death_sig)
+            death_sig = signal.Signals(chosen) if chosen else None
         running = _running(context)
-        original(context, death_sig=death_sig, timeout=grace_seconds)
+        original_close(context, death_sig=death_sig, timeout=grace_seconds)
         stops.stopped.update({rank: process.wait() for rank, process in running.items()})
+        if launcher is not None:
+            launcher.safe_point()
 
-    PContext.close = close
+    def wait(context, *args, **kwargs):
+        if launcher is not None:
+            launcher.safe_point()
+        return original_wait(context, *args, **kwargs)
+
+    PContext.close, PContext.wait = close, wait
     stops.followed = True
+    if launcher is not None:
+        launcher.defer_while_starting = True  # wait() ends the start: a stop waits for it
     try:
         yield stops
     finally:
-        PContext.close = original
+        PContext.close, PContext.wait = original_close, original_wait
+        if launcher is not None:
+            launcher.defer_while_starting = False
 
 
 def _takes_a_timeout(context_class) -> bool:
