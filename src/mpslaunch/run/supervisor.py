@@ -119,17 +119,27 @@ class Supervisor:
         stops) and starts the grace period; the same one again at once is the same stop
         (SAME_STOP_SECONDS); any later one kills the run's processes now."""
         with self.lock:
-            now = time.monotonic()
-            if not self.stopping_signal:
-                self.stopping_signal, self.first_at = signum, now
-                reached = self.forward(signum) if self.forwards_stops else bool(self.leaders())
-                self.timer = threading.Timer(self.grace_seconds, self.kill)
-                self.timer.daemon = True
-                self.timer.start()
-                if reached and self.announce is not None and self.grace_seconds > 0:
-                    self.announce(signum)
-            elif signum != self.stopping_signal or now - self.first_at >= SAME_STOP_SECONDS:
+            started = self._stopping(signum)
+        self._announce(started)
+
+    def _stopping(self, signum: int) -> bool:
+        """stop(), under the lock; whether this started the grace period for processes there."""
+        now = time.monotonic()
+        if self.stopping_signal:
+            if signum != self.stopping_signal or now - self.first_at >= SAME_STOP_SECONDS:
                 self.kill(signum)
+            return False
+        self.stopping_signal, self.first_at = signum, now
+        reached = self.forward(signum) if self.forwards_stops else bool(self.leaders())
+        self.timer = threading.Timer(self.grace_seconds, self.kill)
+        self.timer.daemon = True
+        self.timer.start()
+        return reached
+
+    def _announce(self, started: bool) -> None:
+        # Said outside the lock: a slow stderr must not hold up a second signal's kill.
+        if started and self.announce is not None and self.grace_seconds > 0:
+            self.announce(self.stopping_signal)
 
     def kill(self, second: int = 0) -> None:
         """SIGKILL the run's process groups: the grace period is over (`second` 0), or stopping
@@ -173,20 +183,21 @@ class Supervisor:
     def drain(self) -> bool:
         """Act on every signal number waiting in the wakeup pipe, in the order the signals came
         (Python runs pending handlers in signal-number order instead); False once it ended."""
+        started = False
         with self.lock:
-            if self.wakeup is None:
-                return False
-            while True:
+            while self.wakeup is not None:
                 try:
                     numbers = os.read(self.wakeup[0], 512)
                 except BlockingIOError:
-                    return True
+                    break
                 if not numbers:
                     self.wakeup = None
-                    return False
                 for signum in numbers:
                     if signum in STOPPING_SIGNALS:
-                        self.stop(signum)
+                        started = self._stopping(signum) or started
+            open_yet = self.wakeup is not None
+        self._announce(started)
+        return open_yet
 
     def _read_signals(self, read_fd: int) -> None:
         try:

@@ -4,15 +4,16 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
-- LaunchConfig's shutdown_timeout and signals_to_handle (newer torch only), its
-  log_line_prefix_template and logs_specs are set after parsing (`Elastic.config`, `tune`);
+- LaunchConfig's shutdown_timeout (newer torch only), its log_line_prefix_template and
+  logs_specs are set after parsing (`Elastic.config`, `tune`);
 - PContext.start takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT (from torch 2.10 those that
   signals_to_handle names), even one the launcher was started with ignored (nohup's SIGHUP), and
-  never gives them back (so a program calling mpslaunch.launch() lost its Ctrl-C); its handler
-  raises SignalException, an Exception, which torch's own `except Exception` swallows where it
-  lands in the log tailers' stop (every restart goes through it); torch 2.4 fails outside the
-  main thread. For the run, the `signal` module that torch's multiprocessing module sees sets no
-  handler at all, on every release: the launcher's own stay (`torch_takes_no_signals`);
+  does not give them back (a program calling mpslaunch.launch() would lose its Ctrl-C); its
+  handler raises SignalException, an Exception, which torch's own `except Exception` swallows
+  where it lands in the log tailers' stop (every restart goes through it); torch 2.4 fails
+  outside the main thread. For the run, the `signal` module that torch's multiprocessing module
+  sees sets no handler at all, on every release: the launcher's own stay
+  (`torch_takes_no_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments, before its ranks
   start (`Elastic.logs_specs`);
 - PContext.close and PContext.wait are swapped for the run (`graceful_stops`). close records how
@@ -24,7 +25,7 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
   before, where the store without libuv takes it;
-- ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run.
+- ChildFailedError (get_first_failure, failures) ends a failed run.
 
 The grace period when a rank fails: the other ranks get --grace_period to stop, not torch's 30 s.
 When a rank fails (or before a restart), torch's agent stops the other ranks through its
@@ -82,13 +83,12 @@ class Elastic:
 
     def __init__(self):
         import torch.distributed.run as run
-        from torch.distributed.elastic.multiprocessing.api import (DefaultLogsSpecs, SignalException,
-                                                                    Std)
+        from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         self.run, self.launch = run, elastic_launch
-        self.ChildFailedError, self.SignalException = ChildFailedError, SignalException
+        self.ChildFailedError = ChildFailedError
         self.DefaultLogsSpecs, self.Std = DefaultLogsSpecs, Std
 
     def config(self, argv: list[str], line_prefix: str):

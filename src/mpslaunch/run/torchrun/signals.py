@@ -80,7 +80,10 @@ class LauncherSignals:
     # ---------------------------------------------------------------- where Stopped is raised
 
     def _stop(self, signum: int, _frame) -> None:
-        self.watcher.drain()  # the supervisor has acted on this signal and every earlier one
+        # The supervisor acts on this signal and every earlier one, in the order they came (or
+        # on this one alone, outside the wakeup pipe's time).
+        if not self.watcher.drain():
+            self.watcher.stop(signum)
         if self.inside and not self.starting and not self.raised and not self.ended:
             self.raised = True
             raise Stopped(self.stopped_by() or signum)
