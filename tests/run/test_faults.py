@@ -681,3 +681,31 @@ def test_random_bytes_raise_only_our_error(tmp_path_factory, data):
     path.write_bytes(data)
     message = refusal_of(lambda: profile_files.load(path)) or ""
     assert "\n" not in message and len(message) <= LONGEST_MESSAGE
+
+
+# The CLI, with a real SIGINT sent to itself as the run is being set up: after the plan line,
+# before the run's own handlers are in.
+CTRL_C_AT_SET_UP = """
+import os, signal, sys
+from mpslaunch import commands as cli
+from mpslaunch.run import companion
+real = companion.Watch.for_plan
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kwargs)
+companion.Watch.for_plan = interrupted
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_ctrl_c_as_the_run_is_set_up_is_one_line(tmp_path, processes):
+    """Right after the plan line, before the run's handlers: 130 and one line, no traceback,
+    and the script never ran."""
+    script = write_script(tmp_path, "never.py", "open(__file__ + '.ran', 'w')\n")
+    ran = subprocess.run([sys.executable, "-c", CTRL_C_AT_SET_UP, "launch", "--cpu", "-q",
+                          "--num_processes", processes, str(script)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert ran.returncode == 130, ran.stderr[-2000:]
+    assert ran.stderr.splitlines() == ["mpslaunch: stopped by SIGINT (exit code 130)"]
+    assert not (tmp_path / "never.py.ran").exists()
