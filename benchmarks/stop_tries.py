@@ -130,19 +130,20 @@ def service(folder: Path) -> None:
     machine_1 = [*LAUNCH[:5], "-q", "--num_machines", "2", "--machine_rank", "1",
                  "--main_process_ip", "127.0.0.1", "--main_process_port",
                  str(server.server_address[1]), str(script)]
-    started = time.monotonic()
-    done = subprocess.run([*machine_1[:-1], "--rdzv_timeout", "5", str(script)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    print(f"service: --rdzv_timeout 5: exit {done.returncode} after "
-          f"{time.monotonic() - started:.1f} s: {done.stderr.strip().splitlines()[-1]}", flush=True)
-    launcher = start([*machine_1[:-1], "--rdzv_timeout", "900", str(script)], "service")
-    for _ in range(2):  # the launcher's probe of the port, then the store's connection
-        server.connections.acquire(timeout=120)
-    sent = time.monotonic()
-    launcher.send_signal(signal.SIGINT)
-    stderr = ended(launcher, 60)
-    print(f"service: SIGINT: exit {launcher.returncode} after {time.monotonic() - sent:.2f} s: "
-          f"{(stderr or 'no end').strip().splitlines()[-1]}", flush=True)
+    for timeout, stop in (("5", None), ("900", signal.SIGINT)):
+        server.connections = threading.Semaphore(0)
+        started = time.monotonic()
+        launcher = start([*machine_1[:-1], "--rdzv_timeout", timeout, str(script)], "service")
+        for _ in range(2):  # the launcher's probe of the port, then the store's connection
+            server.connections.acquire(timeout=120)
+        connected = time.monotonic()
+        if stop:
+            launcher.send_signal(stop)
+        stderr = ended(launcher, 120)
+        print(f"service: --rdzv_timeout {timeout}{', SIGINT' if stop else ''}: exit "
+              f"{launcher.returncode}, {time.monotonic() - started:.1f} s from the start, "
+              f"{time.monotonic() - connected:.2f} s from the store's connection: "
+              f"{(stderr or 'no end').strip().splitlines()[-1]}", flush=True)
     server.shutdown()
 
 

@@ -698,14 +698,15 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("processes", ["1", "2"])
-def test_ctrl_c_as_the_run_is_set_up_is_one_line(tmp_path, processes):
-    """Right after the plan line, before the run's handlers: 130 and one line, no traceback,
-    and the script never ran."""
+@pytest.mark.parametrize("processes, what", [("1", "the script"), ("2", "the ranks")])
+def test_ctrl_c_as_the_run_is_set_up_stops_it_before_it_starts(tmp_path, processes, what):
+    """Right after the plan line, before the run's own handlers: the stop is held for the run,
+    which then starts nothing: 130 and one line, no traceback."""
     script = write_script(tmp_path, "never.py", "open(__file__ + '.ran', 'w')\n")
     ran = subprocess.run([sys.executable, "-c", CTRL_C_AT_SET_UP, "launch", "--cpu", "-q",
                           "--num_processes", processes, str(script)], capture_output=True,
                          text=True, timeout=120, check=False)
     assert ran.returncode == 130, ran.stderr[-2000:]
-    assert ran.stderr.splitlines() == ["mpslaunch: stopped by SIGINT (exit code 130)"]
+    assert ran.stderr.splitlines() == [f"mpslaunch: stopped by SIGINT before {what} started "
+                                       "(exit code 130)"]
     assert not (tmp_path / "never.py.ran").exists()

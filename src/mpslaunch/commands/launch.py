@@ -49,18 +49,13 @@ def main(args: argparse.Namespace) -> int:
         print(launcher.describe(plan))
         return 0
     launcher.announce(plan, quiet=args.quiet)
-    try:
-        code = launcher.execute(plan, report=not args.quiet)
-    except KeyboardInterrupt:  # Ctrl-C outside the run's own handlers (just before or after it)
-        output.say(f"stopped by SIGINT (exit code {EXIT_INTERRUPTED})")
-        return EXIT_INTERRUPTED
+    code = launcher.execute(plan, report=not args.quiet)
     if code == USAGE_ERROR:
         _note_options_after_the_script(args)
     return code
 
 
 USAGE_ERROR = 2  # argparse's (and click's) exit code for arguments a script does not take
-EXIT_INTERRUPTED = 128 + 2  # SIGINT
 
 
 def _note_options_after_the_script(args: argparse.Namespace) -> None:

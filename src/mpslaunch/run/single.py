@@ -35,15 +35,17 @@ from mpslaunch.run.supervisor import Supervisor
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
-              watch: Watch | None = None, env_removals: Iterable[str] = ()) -> int:
+              watch: Watch | None = None, env_removals: Iterable[str] = (),
+              held: Sequence[int] = ()) -> int:
+    """`held`: stopping signals that came before the run's handlers (see holding_stops)."""
     with watching(watch) as run:
         code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run,
-                                           env_removals)
+                                           env_removals, held)
     run.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals):
+def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, held):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
@@ -54,6 +56,8 @@ def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals
     with child.supervisor.handling({**dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
                                     signal.SIGTSTP: child.job_control,
                                     signal.SIGCONT: child.job_control}):
+        if held:  # a stop came before these handlers: the script never starts
+            return _stopped_before_the_start(held[0], tee), None, tee
         try:
             process = subprocess.Popen(list(command), env=env, start_new_session=True,
                                        preexec_fn=_parent_death_signal(),
@@ -78,6 +82,14 @@ def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals
                    f"exit code {code}")
         return code, returncode, tee
     return exit_code(returncode), returncode, tee
+
+
+def _stopped_before_the_start(signum: int, tee) -> int:
+    if tee:
+        tee.finish()
+    output.say(f"stopped by {signal.Signals(signum).name} before the script started (exit code "
+               f"{128 + signum})")
+    return 128 + signum
 
 
 def _when_killed(supervisor: Supervisor) -> str:

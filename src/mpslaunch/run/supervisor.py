@@ -36,6 +36,25 @@ from mpslaunch.run.processes import (STOPPING_SIGNALS, handled_here, kill_group,
 SAME_STOP_SECONDS = 1.0
 
 
+@contextmanager
+def holding_stops() -> Iterator[list[int]]:
+    """From the plan line until the run's own handlers are in, the stopping signals that come are
+    held in the list yielded, for the run to act on when it starts (it then starts nothing);
+    once the run is over, they change nothing (it is ending). Not over an inherited SIG_IGN;
+    main thread only."""
+    held: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOPPING_SIGNALS:
+            if handled_here(signum):
+                previous[signum] = signal.signal(signum, lambda number, _frame: held.append(number))
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 class Supervisor:
     """One run's processes as the launcher oversees them."""
 

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.machine import endpoint
@@ -105,24 +105,29 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 # ---------------------------------------------------------------- running
 
 
-def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None) -> int:
-    """Run the plan through torch's elastic agent; return the launcher's exit code."""
+def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None,
+        held: Sequence[int] = ()) -> int:
+    """Run the plan through torch's elastic agent; return the launcher's exit code. `held`:
+    stopping signals that came before the run's handlers (supervisor.holding_stops)."""
     # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
     # some of which may share this host.
     run_id = new_run_id()
     with watching(watch, lambda: rank_pids(run_id)) as companion:
-        code = _run(plan, grace_seconds, run_id, companion.watch.report)
+        code = _run(plan, grace_seconds, run_id, companion.watch.report, held)
     companion.ended(code, log_folder=plan.log_dir)
     return code
 
 
-def _run(plan: LaunchPlan, grace_seconds: float, run_id: str, report: bool) -> int:
+def _run(plan: LaunchPlan, grace_seconds: float, run_id: str, report: bool,
+         held: Sequence[int]) -> int:
     rendezvous = _new_rendezvous(plan)
     started, callers_children = time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
     with LauncherSignals(grace_seconds, run_id, _say if report else None) as signals, \
             adopt_orphans(), _LogFolder(plan.log_dir) as logs:
+        for signum in held:
+            signals.watcher.stop(signum)
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # the supervisor's first stopping signal: the code and the words
@@ -140,6 +145,7 @@ def _run(plan: LaunchPlan, grace_seconds: float, run_id: str, report: bool) -> i
 
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
+    signals.check()  # a stop before the run's handlers: no torch, no ranks
     _check_torch_distributed()
     signals.check()  # a stop that came while torch was imported
     with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \

@@ -41,7 +41,7 @@ POLL_SECONDS = 0.2
 NOTE_AFTER = (5.0, 30.0)  # the first "still waiting" line, then one this often (seconds)
 # Past --rdzv_timeout, a store call that has not returned is taken as never returning (the thread
 # making it gives up by itself within about a second of the timeout otherwise).
-ANSWER_SECONDS = 3.0
+ANSWER_SECONDS = 1.5
 CHECK_THE_PORT = ("machine 0's launcher serves the rendezvous on --main_process_port: check the "
                   "port, another program may be using it")
 
