@@ -194,27 +194,16 @@ def test_child_and_helper_ignoring_signals_are_killed_after_the_grace_period(tmp
     assert survivors(marker) == []
 
 
-def test_two_different_stop_signals_close_together_give_the_first_ones_code(tmp_path, marker):
-    """SIGTERM, then SIGHUP as soon as the launcher has taken the first, to a script that
-    ignores SIGTERM: stopped by SIGTERM (143, printed and returned), and killed when SIGHUP
-    came (not passed on), not after the grace period."""
-    ready = tmp_path / "ready"
-    script = write_script(tmp_path, "stubborn.py", STUBBORN)
-    launcher = start_launcher(marker, "--cpu", "--grace_period", "600", str(script), str(ready))
-    file_line(ready)
-    lines = Lines(launcher.stderr)
-    launcher.send_signal(signal.SIGTERM)
-    lines.wait_for("mpslaunch: SIGTERM passed on to the script")
-    launcher.send_signal(signal.SIGHUP)
-    assert launcher.wait(timeout=60) == 143
-    assert ("mpslaunch: the script was still running when SIGHUP came after SIGTERM, so it was "
-            "killed; exit code 143") in lines.rest()
-    assert survivors(marker) == []
-
-
-def test_ctrl_c_on_a_script_that_ignores_it_says_the_grace_period_and_a_second_kills(tmp_path, marker):
-    """At once, one line: the grace period started, how long, and that Ctrl-C again stops now;
-    Ctrl-C again (after GNU timeout's window for one signal sent twice) kills the script."""
+@pytest.mark.parametrize("first, then, killed", [
+    (signal.SIGINT, signal.SIGINT, "when SIGINT came again"),  # Ctrl-C twice
+    (signal.SIGTERM, signal.SIGHUP, "when SIGHUP came after SIGTERM"),  # two different stops
+], ids=["ctrl-c-twice", "TERM-then-HUP"])
+def test_a_stop_says_the_grace_period_at_once_and_a_second_one_kills(tmp_path, marker, first,
+                                                                     then, killed):
+    """To a script that ignores it: at once, one line says the signal was passed on, the grace
+    period, and that Ctrl-C again stops now. A second stopping signal (past GNU timeout's window
+    for one signal sent twice) is not passed on: it kills the script now; the run was stopped by
+    the first (128 + it, printed and returned)."""
     from mpslaunch.run.supervisor import SAME_STOP_SECONDS
 
     ready = tmp_path / "ready"
@@ -222,15 +211,16 @@ def test_ctrl_c_on_a_script_that_ignores_it_says_the_grace_period_and_a_second_k
     launcher = start_launcher(marker, "--cpu", "--grace_period", "600", str(script), str(ready))
     file_line(ready)
     lines = Lines(launcher.stderr)
-    launcher.send_signal(signal.SIGINT)
-    assert lines.wait_for("mpslaunch: SIGINT") == (
-        "mpslaunch: SIGINT passed on to the script; it has 600 s to stop (--grace_period) before "
+    launcher.send_signal(first)
+    name, code = signal.Signals(first).name, 128 + first
+    assert lines.wait_for(f"mpslaunch: {name}") == (
+        f"mpslaunch: {name} passed on to the script; it has 600 s to stop (--grace_period) before "
         "it is killed; Ctrl-C again kills it now")
     time.sleep(SAME_STOP_SECONDS)
-    launcher.send_signal(signal.SIGINT)
-    assert launcher.wait(timeout=60) == 130
-    assert ("mpslaunch: the script was still running when SIGINT came again, so it was killed; "
-            "exit code 130") in lines.rest()
+    launcher.send_signal(then)
+    assert launcher.wait(timeout=60) == code
+    assert f"mpslaunch: the script was still running {killed}, so it was killed; exit code {code}" \
+        in lines.rest()
     assert survivors(marker) == []
 
 

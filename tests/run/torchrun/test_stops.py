@@ -296,21 +296,33 @@ def ranks_ready(folder: Path) -> bool:
     return all((folder / f"ready.{rank}").exists() for rank in (0, 1))
 
 
-def test_two_different_stop_signals_close_together_give_the_first_ones_code(tmp_path, marker):
-    """SIGTERM, then SIGHUP as soon as the launcher has taken the first: the run was stopped by
-    SIGTERM (143, printed and returned); the ranks, which ignore SIGTERM, were killed when SIGHUP
-    came, not after the grace period."""
+@pytest.mark.parametrize("first, then, killed", [
+    (signal.SIGINT, signal.SIGINT, "SIGINT came again"),  # Ctrl-C twice
+    (signal.SIGTERM, signal.SIGHUP, "SIGHUP came"),  # two different stops
+], ids=["ctrl-c-twice", "TERM-then-HUP"])
+def test_a_stop_says_the_grace_period_at_once_and_a_second_one_kills_the_ranks(tmp_path, marker,
+                                                                               first, then, killed):
+    """To ranks that ignore it: at once, one line says the signal was passed on, the grace period,
+    and that Ctrl-C again stops now. A second stopping signal (past GNU timeout's window for one
+    signal sent twice) kills the ranks now, not after the grace period; the run was stopped by
+    the first (128 + it, printed and returned)."""
+    from mpslaunch.run.supervisor import SAME_STOP_SECONDS
+
     script = write_script(tmp_path, "ignores.py", IGNORES_STOPS)
     launcher = start_two_ranks(tmp_path, script, marker, "--grace_period", "600", quiet=False)
     assert wait_for(lambda: ranks_ready(tmp_path), 90), launcher.poll()
     lines = Lines(launcher.stderr)
-    launcher.send_signal(signal.SIGTERM)
-    lines.wait_for("mpslaunch: SIGTERM passed on to every rank")
-    launcher.send_signal(signal.SIGHUP)
-    assert launcher.wait(timeout=90) == 143
+    launcher.send_signal(first)
+    name, code = signal.Signals(first).name, 128 + first
+    assert lines.wait_for(f"mpslaunch: {name}") == (
+        f"mpslaunch: {name} passed on to every rank; they have 600 s to stop (--grace_period) "
+        "before they are killed; Ctrl-C again kills them now")
+    time.sleep(SAME_STOP_SECONDS)
+    launcher.send_signal(then)
+    assert launcher.wait(timeout=90) == code
     assert launcher_lines(lines.rest())[-2] == (  # the last: the end line
-        "mpslaunch: stopped by SIGTERM; SIGHUP came while the ranks were stopping, so those "
-        "still running were killed (exit code 143)")
+        f"mpslaunch: stopped by {name}; {killed} while the ranks were stopping, so those still "
+        f"running were killed (exit code {code})")
     assert processes_with(marker) == []
 
 
@@ -360,27 +372,6 @@ def test_signals_that_would_end_the_launcher_reach_every_rank(tmp_path, marker, 
     _, stderr = launcher.communicate(timeout=90)
     assert launcher.returncode == 7, stderr[-2000:]
     assert [(tmp_path / f"got.{rank}").read_text() for rank in (0, 1)] == [name, name]
-    assert processes_with(marker) == []
-
-
-def test_ctrl_c_on_ranks_that_ignore_it_says_the_grace_period_and_a_second_kills(tmp_path, marker):
-    """At once, one line: the grace period started, how long, and that Ctrl-C again stops now;
-    Ctrl-C again (after GNU timeout's window for one signal sent twice) kills the ranks."""
-    from mpslaunch.run.supervisor import SAME_STOP_SECONDS
-
-    script = write_script(tmp_path, "ignores.py", IGNORES_STOPS)
-    launcher = start_two_ranks(tmp_path, script, marker, "--grace_period", "600", quiet=False)
-    assert wait_for(lambda: ranks_ready(tmp_path), 90), launcher.poll()
-    lines = Lines(launcher.stderr)
-    launcher.send_signal(signal.SIGINT)
-    assert lines.wait_for("mpslaunch: SIGINT") == (
-        "mpslaunch: SIGINT passed on to every rank; they have 600 s to stop (--grace_period) "
-        "before they are killed; Ctrl-C again kills them now")
-    time.sleep(SAME_STOP_SECONDS)
-    launcher.send_signal(signal.SIGINT)
-    assert launcher.wait(timeout=90) == 130
-    assert "mpslaunch: stopped by SIGINT; SIGINT came again while the ranks were stopping, so " \
-           "those still running were killed (exit code 130)" in lines.rest()
     assert processes_with(marker) == []
 
 
