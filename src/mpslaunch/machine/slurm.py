@@ -111,6 +111,8 @@ def expand_tasks_per_node(text: str) -> tuple[int, ...]:
         if not match:
             raise ValueError(f"cannot read the tasks per node {text!r}: {item!r} is not N or N(xM)")
         repeat = int(match.group(2) or 1)
+        if repeat == 0:
+            raise ValueError(f"cannot read the tasks per node {text!r}: {item!r} repeats no node")
         if len(counts) + repeat > MAX_NODES:
             raise ValueError(f"the tasks per node {text!r} count more than {MAX_NODES} nodes")
         counts += [int(match.group(1))] * repeat
