@@ -313,9 +313,9 @@ def why_slurm_cannot_start() -> str | None:
     if sys.platform != "linux":
         return "the local SLURM runs on Linux only"
     if os.geteuid() != 0:
-        return f"no local SLURM runs, and starting one needs root: `sudo {LOCAL_SLURM} start`"
+        return f"no local SLURM runs, and starting one needs root: `sudo {LOCAL_SLURM.relative_to(REPO)} start`"
     if not all(map(shutil.which, ("slurmctld", "slurmd", "srun", "munged"))):
-        return f"SLURM is not installed: `{LOCAL_SLURM} start` installs it (apt-get) and starts it"
+        return f"SLURM is not installed: `{LOCAL_SLURM.relative_to(REPO)} start` installs it (apt-get) and starts it"
     return None
 
 
@@ -331,6 +331,9 @@ def slurm_cluster():
     started = local_slurm("start", timeout=120)
     if started.returncode != 0:
         pytest.skip(f"the local SLURM did not start: {started.stderr.strip()[-500:]}")
+    if "already running" in started.stdout:  # another session started it meanwhile: theirs to stop
+        yield SlurmCluster(slurm_conf(started))
+        return
     try:
         yield SlurmCluster(slurm_conf(started))
     finally:

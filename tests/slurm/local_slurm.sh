@@ -150,7 +150,8 @@ remove_hosts() {
 }
 
 # A daemon in a clean environment (nothing of the caller's, such as a test's TMPDIR), from /.
-daemon() { (cd / && env -i PATH="$PATH" MPSLAUNCH_LOCAL_SLURM="$STATE" "$@"); }
+# The lock's descriptor (9) stays here, or the daemons would hold the lock for as long as they run.
+daemon() { (cd / && env -i PATH="$PATH" MPSLAUNCH_LOCAL_SLURM="$STATE" "$@" 9>&-); }
 
 start() {
     if running; then
@@ -223,9 +224,15 @@ status() {
     fi
 }
 
+# One start or stop at a time: a second waits, then finds the cluster running (or stopped).
+one_at_a_time() {
+    exec 9>"$STATE.lock"
+    flock -w 120 9 || fail "another start or stop of $STATE holds $STATE.lock"
+}
+
 case "${1:-}" in
-    start) start ;;
-    stop) stop ;;
+    start) one_at_a_time; start ;;
+    stop) one_at_a_time; stop ;;
     status) status ;;
     *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
