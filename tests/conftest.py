@@ -321,7 +321,7 @@ def why_slurm_cannot_start() -> str | None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The local SLURM: the one running, or one started for this session and stopped at its end
+    """The local SLURM: the one running, or one started for this test run and stopped at its end
     (as root, with the packages installed); else the test skips, saying why."""
     if (running := local_slurm("status", timeout=30)).returncode == 0:
         yield SlurmCluster(slurm_conf(running))
@@ -331,13 +331,11 @@ def slurm_cluster():
     started = local_slurm("start", timeout=120)
     if started.returncode != 0:
         pytest.skip(f"the local SLURM did not start: {started.stderr.strip()[-500:]}")
-    if "already running" in started.stdout:  # another session started it meanwhile: theirs to stop
-        yield SlurmCluster(slurm_conf(started))
-        return
     try:
         yield SlurmCluster(slurm_conf(started))
     finally:
-        local_slurm("stop", timeout=60)
+        if "already running" not in started.stdout:  # else another test run started it meanwhile
+            local_slurm("stop", timeout=60)
 
 
 @pytest.hookimpl(wrapper=True)
