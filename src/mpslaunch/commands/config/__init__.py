@@ -18,10 +18,10 @@ from mpslaunch import output
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.launcher import prepare
-from mpslaunch.plan import apply_flags, decide, mps_problem
+from mpslaunch.plan import decide, mps_problem, settle
 from mpslaunch.settings import (MPS_KEYS, LaunchOptions, Profile, ProfileFile, add_option,
                                 add_table_options, check_profile, default_config_path,
-                                profile_files, unused_default_note)
+                                options_layer, profile_files, profile_layer, unused_default_note)
 
 HELP = """\
 Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
@@ -147,7 +147,7 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
             profile = profile.replace(device="auto" if _keep_mps(ask) else "cpu")
         except (KeyboardInterrupt, EOFError) as stop:
             return _stopped(stop, path)
-    profile = apply_flags(profile, LaunchOptions(**choices))
+    profile = settle(profile_layer(profile), options_layer(LaunchOptions(**choices)))
     return write(profile, path, machine)
 
 
