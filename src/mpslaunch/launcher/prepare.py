@@ -34,7 +34,7 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
     any target (`env`, `config show`); an MpslaunchError says what to change.
 
     The options are checked once, the target's existence (`target_is_file`: a script, module or
-    executable, not a Python function), the profile read once and the flags applied once.
+    executable, not a Python function), the profile read once and the layers settled once.
     `loaded`: the profile file the caller has read already, and reports itself. `machine`: a
     machine described, or already checked by the caller, taken as it is; by default this one,
     probed, with torch asked about mps when the plan is for mps and nothing is known yet.

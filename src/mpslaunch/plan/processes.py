@@ -32,8 +32,8 @@ def processes_problem(settings: Profile, device: str, machine: Machine) -> str |
     asked = settings.named("num_processes")
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
-        asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
-                 else f"{settings.num_machines} machines")
+        asked = (f"{settings.num_processes} processes ({asked})" if settings.num_processes > 1
+                 else f"{settings.num_machines} machines ({settings.named('num_machines')})")
         return (
             f"{asked} cannot train on mps: only one process can use a Mac's GPU, and the "
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
