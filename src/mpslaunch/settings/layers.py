@@ -12,18 +12,16 @@ message names a value as it was given (`--num_processes 2`, `num_processes: 2 in
 
 from __future__ import annotations
 
-import dataclasses
+from collections import namedtuple
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
 
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME
 from mpslaunch.settings.profile import KNOWN_KEYS, Profile
 
-if TYPE_CHECKING:
-    from mpslaunch.settings.profile_files import ProfileFile
-    from mpslaunch.settings.request import LaunchOptions
+# typing is not imported (the one-process launch never needs it): ProfileFile and LaunchOptions
+# in the annotations are never evaluated.
 
 # The kinds of layer, as --dry_run names where a value came from.
 DEFAULT = "default"
@@ -37,29 +35,37 @@ USER_KINDS = (PROFILE, ACCELERATE, COMMAND_LINE, API)  # what the user asks for,
 _NO_WORDS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
 
-class Layer(NamedTuple):
-    """What one source says: the profile keys it sets and their values."""
-
-    kind: str  # DEFAULT, PROFILE, ACCELERATE, COMMAND_LINE, API or CLUSTER
-    values: Mapping[str, object]
-    where: str = ""  # the file a profile was read from; a cluster's name (`SLURM`)
-    # A key's own words, where the kind's are not right: (the value named, with {value}; where
-    # it came from). A cluster's: ("SLURM's node rank {value} (SLURM_NODEID)", "SLURM_NODEID");
-    # the command line's device set by a switch: ("--cpu", "--cpu").
-    words: Mapping[str, tuple[str, str]] = _NO_WORDS
-    escape: str = ""  # a cluster's: how to run without it (`give --no_slurm to ignore SLURM`)
+# What one source says: the profile keys it sets and their values. A plain tuple (cheap to
+# define and to make on every launch):
+#   kind    DEFAULT, PROFILE, ACCELERATE, COMMAND_LINE, API or CLUSTER
+#   values  {profile key: value} for the keys it sets
+#   where   the file a profile was read from; a cluster's name (`SLURM`)
+#   words   {key: (the value named, with {value}; where it came from)} where the kind's words
+#           are not right: a cluster's ("SLURM's node rank {value} (SLURM_NODEID)",
+#           "SLURM_NODEID"); the command line's device set by a switch ("--cpu", "--cpu")
+#   escape  a cluster's: how to run without it (`give --no_slurm to ignore SLURM`)
+Layer = namedtuple("Layer", "kind values where words escape", defaults=("", _NO_WORDS, ""))
 
 
 _DEFAULTS = Layer(DEFAULT, MappingProxyType({}))
 
 
-@dataclasses.dataclass(frozen=True)
 class Settings(Profile):
     """The profile a run uses, after every layer, with the layer each value came from. A value a
-    rule derives (the process count one per GPU, an address in one spelling) keeps its layer."""
+    rule derives (the process count one per GPU, an address in one spelling) keeps its layer
+    (`replace`). A plain subclass, not a second dataclass: defining one costs a millisecond at
+    import; equality is the profile's, whatever the origins."""
 
-    origins: Mapping[str, Layer] = dataclasses.field(default_factory=dict, compare=False,
-                                                     repr=False)
+    origins: Mapping[str, Layer] = MappingProxyType({})  # each key's layer; absent: the defaults
+
+    @classmethod
+    def of(cls, values: Mapping[str, object], origins: Mapping[str, Layer]) -> Settings:
+        settings = cls(**values)
+        object.__setattr__(settings, "origins", origins)  # frozen, as the profile is
+        return settings
+
+    def replace(self, **changes: object) -> Settings:
+        return Settings.of({**self.to_dict(), **changes}, self.origins)
 
     def layer(self, key: str) -> Layer:
         return self.origins.get(key, _DEFAULTS)
@@ -90,7 +96,7 @@ def merge(*layers: Layer) -> Settings:
             if held.kind == CLUSTER and layer.kind != CLUSTER:
                 continue  # it agrees: the fact stays where the value came from
             values[key], origins[key] = value, layer
-    return Settings(**values, origins=origins)
+    return Settings.of(values, origins)
 
 
 def _contradiction(key: str, earlier: tuple[Layer, object], later: tuple[Layer, object]) -> str:
