@@ -21,8 +21,8 @@ from mpslaunch.settings.paths import NotAFileError, current_folder, open_regular
 from mpslaunch.settings.profile import KNOWN_KEYS, MPS_KEYS, Profile, check_profile, check_value
 from mpslaunch.settings.request import LaunchOptions, LaunchRequest, request_problem
 from mpslaunch.settings.layers import (ACCELERATE, API, CLUSTER, COMMAND_LINE, DEFAULT, PROFILE,
-                                       USER_KINDS, Layer, Settings, file_layer, merge,
-                                       options_layer, profile_layer)
+                                       Layer, Settings, file_layer, merge, options_layer,
+                                       profile_layer)
 from mpslaunch.settings.profile_files import ProfileFile, read_active
 
 __getattr__ = lazy_names(__name__, {

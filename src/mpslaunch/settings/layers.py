@@ -2,12 +2,13 @@
 
 A layer is what one source says about the profile keys: a profile file (an mpslaunch profile,
 or an Accelerate config read as one), the command line, `mpslaunch.launch()`'s keywords, or a
-cluster (a scheduler's variables, read by the next layer up). `merge` puts them on top of the
-defaults, the weaker first: a later layer's value wins over an earlier one's. A cluster's values
-are facts about this run rather than wishes: a value that contradicts one is refused, naming
-both values and where each came from; a value that agrees is taken; a key nobody else set is
-filled. The result, `Settings`, is the run's profile and each value's layer, so that every
-message names a value as it was given (`--num_processes 2`, `num_processes: 2 in FILE`).
+cluster (a scheduler's variables, read in machine/ and made a layer in plan/). `merge` puts
+them on top of the defaults, the weaker first: a later layer's value wins over an earlier
+one's. A cluster's values are facts about this run rather than wishes: a value that
+contradicts one is refused, naming both values and where each came from; a value that agrees
+is taken; a key nobody else set is filled. The result, `Settings`, is the run's profile and
+each value's layer, so that every message names a value as it was given (`--num_processes 2`,
+`num_processes: 2 in FILE`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ ACCELERATE = "Accelerate config"
 COMMAND_LINE = "command line"
 API = "mpslaunch.launch()"
 CLUSTER = "cluster"
-USER_KINDS = (PROFILE, ACCELERATE, COMMAND_LINE, API)  # what the user asks for, not facts
 
 _NO_WORDS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
@@ -53,8 +53,8 @@ _DEFAULTS = Layer(DEFAULT, MappingProxyType({}))
 class Settings(Profile):
     """The profile a run uses, after every layer, with the layer each value came from. A value a
     rule derives (the process count one per GPU, an address in one spelling) keeps its layer
-    (`replace`). A plain subclass, not a second dataclass: defining one costs a millisecond at
-    import; equality is the profile's, whatever the origins."""
+    (`replace`). A plain subclass, not a second dataclass, which every launch would pay for
+    defining; equality is the profile's, whatever the origins."""
 
     origins: Mapping[str, Layer] = MappingProxyType({})  # each key's layer; absent: the defaults
 
@@ -78,8 +78,9 @@ class Settings(Profile):
         return origin(self.layer(key), key)
 
     def named(self, key: str) -> str:
-        """The value as the user gave it, so it can be found: `--num_processes 2`,
-        `num_processes: 2 in FILE`, `num_processes=2` (mpslaunch.launch()), `num_processes 1 (default)`."""
+        """The value as it was given, so that the user finds it: `--num_processes 2`,
+        `num_processes: 2 in FILE`, `num_processes=2` (mpslaunch.launch()), or
+        `num_processes 1 (default)`."""
         return named(self.layer(key), key, getattr(self, key))
 
 
@@ -100,7 +101,8 @@ def merge(*layers: Layer) -> Settings:
 
 
 def _contradiction(key: str, earlier: tuple[Layer, object], later: tuple[Layer, object]) -> str:
-    (given, value), (fact, truth) = (earlier, later) if later[0].kind == CLUSTER else (later, earlier)
+    later_is_fact = later[0].kind == CLUSTER
+    (given, value), (fact, truth) = (earlier, later) if later_is_fact else (later, earlier)
     ways = [way for way in (_without(given, key), fact.escape) if way]
     return (f"{named(given, key, value)} contradicts {named(fact, key, truth)}; "
             + ", or ".join(ways))
