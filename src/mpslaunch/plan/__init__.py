@@ -10,7 +10,7 @@ docs/mps-facts.md.
 from mpslaunch.plan.decision import (Decision, LaunchPlan, decide, decide_settings, for_target,
                                      mps_verdict_text, resolve, settle)
 from mpslaunch.plan.device import (choose_device, cuda_problem, dynamo_problem, mps_minimum_macos,
-                                   mps_problem, platform_mps_problem, precision_problem,
-                                   precision_refusal, torch_mps_problem)
+                                   mps_problem, platform_mps_problem, precision_refusal,
+                                   torch_mps_problem)
 from mpslaunch.plan.processes import (checks_main_address, default_processes, main_address_problem,
                                       most_processes, processes_problem)

@@ -130,12 +130,6 @@ def check_precision(settings: Settings, device: str, machine: Machine) -> None:
                              f"{why}; {advice}")
 
 
-def precision_problem(precision: str, device: str, machine: Machine) -> str | None:
-    """Why this precision cannot run on this device, with what to use instead; or None."""
-    refusal = precision_refusal(precision, device, machine)
-    return "; ".join(refusal) if refusal else None
-
-
 def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[str, str] | None:
     """(why this precision cannot run on this device, the command-line flags to use instead), or
     None. The questionnaire and bench show the reason with advice of their own."""
