@@ -88,7 +88,8 @@ def test_check_counts_num_processes_as_launch_does(tmp_path, monkeypatch):
     two_machines.write_text("device: cpu\nnum_machines: 2\nmachine_rank: 1\nmain_process_ip: 10.0.0.1\n")
     plan = run_cli("launch", "--dry_run", "--config_file", str(two_machines), "--num_processes", "2",
                    "train.py", cwd=tmp_path)
-    assert "2 per machine, 2 machine(s)" in plan.stdout, plan.stderr
+    assert f"2 per machine (--num_processes), 2 machines (profile {two_machines})" in plan.stdout, \
+        plan.stderr
     checked = run_cli("check", "--config_file", str(two_machines), "--num_processes", "2", "train.py",
                       cwd=tmp_path)
     assert "cpu, 4 processes" in checked.stdout, checked.stdout + checked.stderr

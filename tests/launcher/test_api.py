@@ -42,7 +42,7 @@ def test_a_function_runs_here_with_the_plan_for_the_call(capfd):
     assert mpslaunch.launch(seen_by_the_function, "ACCELERATE_MIXED_PRECISION", 21, cpu=True,
                             mixed_precision="bf16") == ("bf16", 42)
     assert "ACCELERATE_MIXED_PRECISION" not in os.environ  # restored after the call
-    assert "mpslaunch: cpu: asked for by --cpu; precision bf16; 1 process" in capfd.readouterr().err
+    assert "mpslaunch: cpu: asked for by cpu=True; precision bf16; 1 process" in capfd.readouterr().err
     results = []
     worker = threading.Thread(target=lambda: results.append(
         mpslaunch.launch(seen_by_the_function, "MPSLAUNCH_DEVICE", 1, cpu=True, quiet=True)))
@@ -137,6 +137,16 @@ def test_the_api_refuses_what_the_cli_refuses_in_the_same_words(tmp_path, option
     cli = one_line_error(run_cli("launch", "--cpu", f"--{option}", word, str(script)))
     assert cli.startswith(f"mpslaunch: error: {caught.value} (see `mpslaunch launch --help`)")
     assert str(caught.value).startswith(f"--{option} ")
+    assert not (tmp_path / "train.py.ran").exists()
+
+
+def test_a_refusal_names_the_keyword_as_it_was_given(tmp_path):
+    """A setting given to mpslaunch.launch() is named as its keyword, not as a flag."""
+    script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
+    with pytest.raises(MpslaunchError, match=r"^mixed_precision='fp16' asks for fp16, but fp16 "):
+        mpslaunch.launch(str(script), cpu=True, mixed_precision="fp16")
+    with pytest.raises(MpslaunchError, match=r"^cpu=True and device='mps' contradict each other"):
+        mpslaunch.launch(str(script), cpu=True, device="mps")
     assert not (tmp_path / "train.py.ran").exists()
 
 

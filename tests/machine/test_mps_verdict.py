@@ -29,7 +29,7 @@ def known_faults(machine: str, plan) -> tuple[str, ...]:
     """The warnings the plan carries for its chip's and torch's known faults (M1 and M2)."""
     described = MACHINES[machine]
     return warnings_for(described.torch_version, described.chip, described.macos_version,
-                        plan.mixed_precision, plan.device, described.accelerate_version)
+                        plan.settings.mixed_precision, plan.device, described.accelerate_version)
 
 
 # ---------------------------------------------------------------- described machines

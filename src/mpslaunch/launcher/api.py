@@ -25,7 +25,7 @@ from mpslaunch.launcher.prepare import announce, prepare
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run import execute
-from mpslaunch.settings import REQUEST_OPTIONS, LaunchRequest
+from mpslaunch.settings import API, REQUEST_OPTIONS, LaunchRequest
 
 OPTIONS = tuple(option.name for option in REQUEST_OPTIONS)
 _ONE_AT_A_TIME = threading.RLock()  # reentrant: a function run here may launch again
@@ -44,7 +44,8 @@ def _launch(target, args: tuple, profile: str | None, config_file: str | None, q
     function = target if callable(target) else None
     name = getattr(function, "__qualname__", "function") if function else os.fspath(target)
     request = LaunchRequest(name, () if function else tuple(map(str, args)), **options)
-    plan = prepare(request, profile, config_file, quiet, target_is_file=function is None)
+    plan = prepare(request, profile, config_file, quiet, target_is_file=function is None,
+                   asked_in=API)
     announce(plan, quiet)
     if function is None:
         return execute(plan, report=not quiet)

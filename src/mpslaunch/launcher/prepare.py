@@ -18,8 +18,9 @@ from mpslaunch.launcher.targets import check_target
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import (Decision, LaunchPlan, checks_main_address, decide_settings, for_target,
-                            mps_problem, with_flags)
-from mpslaunch.settings import (LaunchOptions, LaunchRequest, Profile, ProfileFile, profile_files,
+                            mps_problem, settle)
+from mpslaunch.settings import (COMMAND_LINE, LaunchOptions, LaunchRequest, Layer, Profile,
+                                ProfileFile, file_layer, options_layer, profile_files,
                                 request_problem)
 
 MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a while
@@ -28,15 +29,17 @@ MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a w
 def prepare(options: LaunchOptions, profile: str | None = None, config_file: str | None = None,
             quiet: bool = False, target_is_file: bool = True,
             environ: Mapping[str, str] = os.environ, *, loaded: ProfileFile | None = None,
-            machine: Machine | None = None) -> Decision:
+            machine: Machine | None = None, asked_in: str = COMMAND_LINE) -> Decision:
     """The plan for a LaunchRequest (a LaunchPlan), or for LaunchOptions alone the Decision for
     any target (`env`, `config show`); an MpslaunchError says what to change.
 
     The options are checked once, the target's existence (`target_is_file`: a script, module or
-    executable, not a Python function), the profile read once and the flags applied once.
+    executable, not a Python function), the profile read once and the layers settled once.
     `loaded`: the profile file the caller has read already, and reports itself. `machine`: a
     machine described, or already checked by the caller, taken as it is; by default this one,
-    probed, with torch asked about mps when the plan is for mps and nothing is known yet."""
+    probed, with torch asked about mps when the plan is for mps and nothing is known yet.
+    `asked_in`: where the options were given (COMMAND_LINE, or API for mpslaunch.launch()),
+    as messages name them."""
     problem = request_problem(options)
     if problem:
         raise MpslaunchError(problem)
@@ -45,13 +48,12 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
         check_target(options)
     reported = loaded is None
     loaded = loaded or profile_files.read_active(config_file, profile)
-    source = str(loaded.path) if loaded.path else None  # named in messages about its values
-    settings = with_flags(loaded.profile, options)
+    settings = settle(*_layers(loaded, options, asked_in))
     here = _machine_for(settings, machine or machine_probe.probe())
-    decision = decide_settings(settings, options, here, environ, source)
+    decision = decide_settings(settings, options, here, environ)
     if machine is None and _asks_torch_about_mps(here, decision.device):
         here = _verified(here, quiet)
-        decision = decide_settings(settings, options, here, environ, source)
+        decision = decide_settings(settings, options, here, environ)
     if reported and loaded.translation:
         output.note(accelerate_note(loaded, here), quiet)
         for warning in loaded.translation.warnings:
@@ -61,6 +63,12 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
     plan = for_target(decision, options, here)
     _check_log_dir(plan)
     return plan
+
+
+def _layers(loaded: ProfileFile, options: LaunchOptions, asked_in: str) -> tuple[Layer, ...]:
+    """The settings' layers over the defaults, weakest first: the profile file in force, then
+    the options."""
+    return file_layer(loaded), options_layer(options, asked_in)
 
 
 def _check_log_dir(plan: LaunchPlan) -> None:

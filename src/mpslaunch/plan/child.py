@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import MPS_WATERMARK_MAX, LaunchOptions, LaunchRequest, Profile, source_of
+from mpslaunch.settings import MPS_WATERMARK_MAX, LaunchOptions, LaunchRequest, Profile, Settings
 
 # torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
 # (docs/mps-facts.md: Environment variables).
@@ -140,19 +140,20 @@ def _ratio_text(value: float) -> str:
 # ---------------------------------------------------------------- Accelerate's launch options
 
 
-def with_gpu_ids(machine: Machine, gpu_ids: str | None, source: str,
-                 environ: Mapping[str, str]) -> Machine:
+def with_gpu_ids(machine: Machine, settings: Settings, environ: Mapping[str, str]) -> Machine:
     """The machine as the ranks will see it with CUDA_VISIBLE_DEVICES=gpu_ids (Accelerate's
     meaning: driver numbers). Without NVIDIA GPUs it changes nothing (a warning says so)."""
+    gpu_ids = settings.gpu_ids
     if gpu_ids in (None, "all") or not machine.cuda_devices:
         return machine
+    source = settings.named("gpu_ids")
     if "CUDA_VISIBLE_DEVICES" in environ:
-        raise MpslaunchError(f"{source} {gpu_ids} and CUDA_VISIBLE_DEVICES="
+        raise MpslaunchError(f"{source} and CUDA_VISIBLE_DEVICES="
                              f"{environ['CUDA_VISIBLE_DEVICES']} both choose GPUs; unset one of them")
     ids = [int(part) for part in gpu_ids.split(",")]
     count = len(machine.cuda_devices)
     if max(ids) >= count or len(set(ids)) != len(ids):
-        raise MpslaunchError(f"{source} {gpu_ids} names GPUs this machine does not have, or one "
+        raise MpslaunchError(f"{source} names GPUs this machine does not have, or one "
                              f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
                              f"(numbers 0 to {count - 1})")
     return replace(machine, cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
@@ -187,23 +188,23 @@ def accelerate_environment(request: LaunchOptions, settings: Profile, device: st
     return env
 
 
-def accelerate_notes(request: LaunchOptions, settings: Profile, device: str,
+def accelerate_notes(request: LaunchOptions, settings: Settings, device: str,
                      env: Mapping[str, str]) -> tuple[str, ...]:
     """For --dry_run: what each of Accelerate's options given became."""
     notes = []
     if request.multi_gpu:
         notes.append(f"--multi_gpu: checked: {settings.num_processes} processes, one per GPU")
     if "CUDA_VISIBLE_DEVICES" in env:
-        notes.append(f"{source_of(request, 'gpu_ids')} {settings.gpu_ids}: CUDA_VISIBLE_DEVICES="
+        notes.append(f"{settings.named('gpu_ids')}: CUDA_VISIBLE_DEVICES="
                      f"{env['CUDA_VISIBLE_DEVICES']} for the ranks, and only these GPUs count")
     if request.num_cpu_threads_per_process is not None:
         notes.append(f"--num_cpu_threads_per_process {request.num_cpu_threads_per_process}: "
                      f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
     if "ACCELERATE_DYNAMO_BACKEND" in env:
         dynamo = " ".join(f"{key}={value}" for key, value in env.items() if "_DYNAMO_" in key)
-        notes.append(f"{source_of(request, 'dynamo_backend')} {settings.dynamo_backend}: {dynamo}")
+        notes.append(f"{settings.named('dynamo_backend')}: {dynamo}")
     if settings.debug:
-        notes.append(f"{source_of(request, 'debug')}: ACCELERATE_DEBUG_MODE=true")
+        notes.append(f"{settings.named('debug')}: ACCELERATE_DEBUG_MODE=true")
     if request.tee is not None:
         notes.append(f"--tee {request.tee}: every rank's output always reaches the console "
                      "(prefixed [rankN]), and with --log_dir also its files")
@@ -218,11 +219,11 @@ SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "m
                            "machine_rank", "monitor_interval")
 
 
-def no_effect(request: LaunchOptions, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
+def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bool) -> tuple[str, ...]:
     """Options given that change nothing in this plan, named rather than silently dropped."""
     warnings = []
     if settings.gpu_ids not in (None, "all") and device != "cuda":
-        warnings.append(f"{source_of(request, 'gpu_ids')} {settings.gpu_ids} has no effect on {device}")
+        warnings.append(f"{settings.named('gpu_ids')} has no effect on {device}")
     idle = [f"--{key}" for key in SEVERAL_PROCESS_OPTIONS if getattr(request, key) is not None]
     if idle and not multi:
         warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "

@@ -53,7 +53,12 @@ class Profile:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        """Every key and its value (only the profile's keys, from a Settings too)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)}
+
+    def named(self, key: str) -> str:
+        """The key and its value, as a message names them (Settings also says where from)."""
+        return f"{key} {getattr(self, key)}"
 
 
 KNOWN_KEYS = tuple(option.name for option in PROFILE_OPTIONS)
@@ -67,8 +72,9 @@ def check_value(key: str, value: object) -> str | None:
 def check_profile(profile: Profile) -> str | None:
     """Rules that tie several keys together; the reason the combination is wrong, or None."""
     if profile.machine_rank >= profile.num_machines:
-        return (f"machine_rank {profile.machine_rank} must be below num_machines "
-                f"{profile.num_machines} (ranks count from 0)")
+        return (f"{profile.named('machine_rank')} must be below {profile.named('num_machines')}, "
+                "since ranks count from 0")
     if profile.num_machines > 1 and not profile.main_process_ip:
-        return "num_machines is above 1, so main_process_ip (the address of machine 0) is needed"
+        return (f"{profile.named('num_machines')} is above 1, so main_process_ip (the address of "
+                "machine 0) is needed")
     return None

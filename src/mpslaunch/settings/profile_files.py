@@ -14,7 +14,7 @@ import codecs
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME, cut
@@ -31,12 +31,14 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 
 @dataclass(frozen=True)
 class ProfileFile:
-    """A profile as read: its file (None: no file, the defaults apply) and, for a file that
-    `accelerate config` wrote, the translation it was read through."""
+    """A profile as read: its file (None: no file, the defaults apply), for a file that
+    `accelerate config` wrote the translation it was read through, and the keys the file sets
+    (None: every key, as `mpslaunch config` writes them), which messages name by the file."""
 
     profile: Profile
     path: Path | None = None
     translation: Translation | None = None
+    keys: tuple[str, ...] | None = field(default=None, compare=False)
 
 
 def load(path: Path) -> Profile:
@@ -51,7 +53,7 @@ def read(path: Path) -> ProfileFile:
     document = _parse(_read_text(path), path)
     if _written_by_accelerate(document):
         translation = _translate(document, path)
-        return ProfileFile(translation.profile, path, translation)
+        return ProfileFile(translation.profile, path, translation, translation.keys)
     values = {}
     for key_node, value_node in document.value:
         key = key_node.value
@@ -70,7 +72,7 @@ def read(path: Path) -> ProfileFile:
     problem = check_profile(profile)
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
-    return ProfileFile(profile, path)
+    return ProfileFile(profile, path, keys=tuple(key for key in values if key != "version"))
 
 
 def _as_meant(key: str, value: object) -> object:

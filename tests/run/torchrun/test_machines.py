@@ -147,7 +147,7 @@ def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, 
         with pytest.raises(MpslaunchError, match="this machine's name node1 stands for .* only"):
             resolve(Profile(), request, machine, environ)
     else:
-        assert resolve(Profile(), request, machine, environ).num_machines == 2
+        assert resolve(Profile(), request, machine, environ).settings.num_machines == 2
 
 
 # ---------------------------------------------------------------- launchers on the loopback

@@ -141,10 +141,10 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
     with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
             _store(plan, rendezvous) as (port, store):
         if not rendezvous.local:
-            Gate(plan.settings.machine_rank, plan.num_machines, rendezvous.address, port,
+            Gate(plan.settings.machine_rank, plan.settings.num_machines, rendezvous.address, port,
                  plan.settings.rdzv_timeout, _say,
-                 agreed_terms(plan.device, plan.mixed_precision, plan.num_processes,
-                              plan.num_machines)).wait(store)
+                 agreed_terms(plan.device, plan.settings.mixed_precision,
+                              plan.settings.num_processes, plan.settings.num_machines)).wait(store)
         elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args, config, entrypoint, entry_args = elastic.config(
             arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)
@@ -162,7 +162,8 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             signals.quiet()
             failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
-            others = other_endings(failure, failed.failures, plan.num_processes, stops.stopped)
+            others = other_endings(failure, failed.failures, plan.settings.num_processes,
+                                    stops.stopped)
             stopped = stopped_ranks(failure, stops.stopped) if stops.followed else None
             summary = failure_summary(failure, others, stopped, grace_seconds,
                                       fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")))
