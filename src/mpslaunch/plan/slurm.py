@@ -193,13 +193,13 @@ def _check_allocation(allocation: SlurmAllocation | None) -> None:
     nodes, tasks = allocation.num_nodes or 1, allocation.num_tasks or 1
     if nodes == 1 and tasks == 1:
         return
-    where = "a batch script" if allocation.batch else "an salloc shell"
+    where = "batch script" if allocation.batch else "salloc shell"
     size = _count(nodes, "node") if nodes > 1 else _count(tasks, "task")
     raise MpslaunchError(
-        f"this is SLURM job {allocation.job_id}'s {where}, outside any srun step, and the job "
-        f"has {size}: a launch here would train alone while the job's other "
-        f"{'nodes' if nodes > 1 else 'tasks'} wait; start it in every node with srun: "
-        f"`{ONE_TASK_PER_NODE}`, or {IGNORE} and run here alone")
+        f"this is the {where} of SLURM job {allocation.job_id}, outside any srun step, and the "
+        f"job has {size}: a launch here would train alone while the job's other "
+        f"{'nodes' if nodes > 1 else 'tasks'} wait; start it on every node with srun "
+        f"(`{ONE_TASK_PER_NODE}`), or {IGNORE} and run here alone")
 
 
 def _count(number: int, noun: str) -> str:

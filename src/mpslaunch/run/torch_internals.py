@@ -35,7 +35,9 @@ import datetime
 import inspect
 import re
 import signal
+import subprocess
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -181,7 +183,10 @@ class RankStops:
 
 
 @contextmanager
-def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
+def graceful_stops(grace_seconds: float,
+                   delivered: Callable[[], bool] = lambda: False) -> Iterator[RankStops]:
+    """`delivered()`: the ranks have the stopping signal from SLURM already, so close() only
+    waits the grace period, then kills what is left."""
     from torch.distributed.elastic.multiprocessing import api
 
     stops = RankStops(grace_seconds)
@@ -195,7 +200,12 @@ def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
         if context is not stops.attempt:
             stops.attempt, stops.stopped = context, {}
         running = _running(context)
-        original(context, death_sig=death_sig, timeout=grace_seconds)
+        if delivered():
+            _wait(running.values(), grace_seconds)
+            death_sig, timeout = signal.SIGKILL, 0  # for the ranks still running: the end
+        else:
+            timeout = grace_seconds
+        original(context, death_sig=death_sig, timeout=timeout)
         stops.stopped.update({rank: process.wait() for rank, process in running.items()})
 
     PContext.close = close
@@ -212,6 +222,15 @@ def _takes_a_timeout(context_class) -> bool:
         return {"death_sig", "timeout"} <= set(inspect.signature(close).parameters)
     except (TypeError, ValueError):
         return False
+
+
+def _wait(processes, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def _running(context) -> dict:

@@ -119,13 +119,14 @@ def _run(plan: LaunchPlan, grace_seconds: float, run_id: str) -> int:
     started, callers_children = time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
-    with LauncherSignals(grace_seconds, run_id) as signals, adopt_orphans(), \
+    delivered = plan.cluster is not None and plan.cluster.delivers_signals
+    with LauncherSignals(grace_seconds, run_id, delivered) as signals, adopt_orphans(), \
             _LogFolder(plan.log_dir) as logs:
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
             code = 128 + stop.signum
-            _say(stop.summary or stopped_summary(stop.signum))
+            _say(stop.summary or stopped_summary(stop.signum, killed=signals.watcher.time_up))
         finally:
             signals.quiet()
             signals.watcher.clean_up(started, callers_children)
@@ -155,7 +156,7 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             _say(f"mpslaunch: note: {line}")
         try:
             # Not the signals the launcher was started with ignored (nohup's SIGHUP).
-            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops, \
+            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds, signals.stopped_by_slurm) as stops, \
                     torch_signals(config, signals.torch_handles()):
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
