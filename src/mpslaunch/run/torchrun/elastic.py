@@ -32,8 +32,8 @@ from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
-from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
-                                            stopped_ranks, stopped_summary)
+from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest_own_failure,
+                                            other_endings, stopped_ranks, stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
 from mpslaunch.run.torch_internals import Elastic, graceful_stops, missing, torch_signals, tune
 
@@ -161,13 +161,20 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
-            failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
+            rank, first = failed.get_first_failure()
+            # srun reports its tasks' largest code (it needs to know which ranks were stopped)
+            in_slurm = plan.cluster is not None and stops.followed
+            if in_slurm:
+                rank = largest_own_failure(failed.failures, stops.stopped)
+                first = failed.failures[rank]
+            failure = from_torch(rank, first, logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
             others = other_endings(failure, failed.failures, plan.settings.num_processes,
                                     stops.stopped)
             stopped = stopped_ranks(failure, stops.stopped) if stops.followed else None
             summary = failure_summary(failure, others, stopped, grace_seconds,
-                                      fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")))
+                                      fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")),
+                                      largest=in_slurm)
             _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:
