@@ -94,7 +94,7 @@ import os, signal, sys, time
 folder = sys.argv[1]
 def note(what):
     with open(os.path.join(folder, "notes"), "a") as out:
-        out.write(f"{os.environ['RANK']} {what}\\n")
+        out.write(f"{os.environ['SLURM_JOB_ID']} {os.environ['RANK']} {what}\\n")
 def received(number, frame):
     note(signal.Signals(number).name)
     if number == signal.SIGTERM:
@@ -111,7 +111,7 @@ while True:
 
 def notes(folder: Path, what: str) -> list[str]:
     text = (folder / "notes").read_text() if (folder / "notes").exists() else ""
-    return sorted(line.split()[0] for line in text.splitlines() if line.endswith(f" {what}"))
+    return sorted(line.split()[1] for line in text.splitlines() if line.endswith(f" {what}"))
 
 
 @pytest.mark.parametrize("mode", ["node", "rank"])
@@ -126,12 +126,10 @@ def test_scancel_signals_reach_every_rank_once_and_the_run_ends_143_after_saving
                                     stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: notes(tmp_path, "started") == ["0", "1", "2", "3"], 90), notes(tmp_path, "started")
-        job = slurm_cluster.run("squeue", "-h", "-o", "%i", "-n", "mpslaunch").stdout.split()
-        if not job:  # srun names the job after the command it runs
-            job = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
-        assert slurm_cluster.run("scancel", "--signal=USR1", job[0]).returncode == 0
+        job = (tmp_path / "notes").read_text().split()[0]
+        assert slurm_cluster.run("scancel", "--signal=USR1", job).returncode == 0
         assert wait_for(lambda: len(notes(tmp_path, "SIGUSR1")) >= 4, 30)
-        assert slurm_cluster.run("scancel", job[0]).returncode == 0
+        assert slurm_cluster.run("scancel", job).returncode == 0
         _, stderr = srun_process.communicate(timeout=60)
         assert srun_process.returncode == 143, stderr[-3000:]
         assert notes(tmp_path, "SIGUSR1") == ["0", "1", "2", "3"]
