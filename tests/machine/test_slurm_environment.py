@@ -94,6 +94,14 @@ def test_a_heterogeneous_job_is_known_in_a_step_and_in_its_allocation(marks):
     assert slurm_allocation({**JOB, **marks}).heterogeneous
 
 
+def test_an_ordinary_jobs_component_zero_variable_is_not_heterogeneous():
+    """An srun step inside `sbatch -N2 --ntasks-per-node=1` (slurm 22.05) has
+    SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0=1(x2)."""
+    environ = task(0, 0, 0, "node01", SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0="1(x2)")
+    assert not slurm_step(environ).heterogeneous
+    assert not slurm_allocation({**JOB, "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0": "1(x2)"}).heterogeneous
+
+
 @pytest.mark.parametrize("change,named", [
     ({"SLURM_STEP_NUM_NODES": "two"}, "SLURM_STEP_NUM_NODES='two' is not a whole number"),
     ({"SLURM_STEP_NODELIST": ""}, "SLURM_STEP_NODELIST"),

@@ -6,13 +6,15 @@ rank once; a rank that fails on the second node gives srun its own exit code."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import wait_for, write_script
+from conftest import REPO, wait_for, write_script
 
 pytestmark = pytest.mark.slurm
 
@@ -86,6 +88,23 @@ def test_a_batch_script_of_two_nodes_without_srun_is_refused_in_one_line(slurm_c
         "and the job has 2 nodes: a launch here would train alone while the job's other nodes "
         "wait; start it on every node with srun (`srun --ntasks-per-node=1 mpslaunch launch "
         "...`), or give --no_slurm to ignore SLURM and run here alone"]
+
+
+def test_the_batch_file_of_the_docs_runs_as_written(slurm_cluster, tmp_path):
+    """docs/several-machines.md's batch file, word for word: one srun line, no machine flag."""
+    docs = (REPO / "docs" / "several-machines.md").read_text()
+    batch_file = re.search(r"A batch file:\n\n```sh\n(.*?)```", docs, re.DOTALL).group(1)
+    (tmp_path / "train.sbatch").write_text(batch_file)
+    write_script(tmp_path, "train.py", WORLD)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # mpslaunch on PATH
+    job = slurm_cluster.sbatch(f"--output={tmp_path}/out", f"--chdir={tmp_path}", "train.sbatch",
+                               cwd=tmp_path, env={**LOOPBACK, "PATH": path})
+    ended = slurm_cluster.wait_for_end(job, seconds=150)
+    output = (tmp_path / "out").read_text()
+    assert (ended["JobState"], ended["ExitCode"]) == ("COMPLETED", "0:0"), output[-3000:]
+    ranks = worlds(output)  # one process on each CPU node
+    assert [(rank["rank"], rank["node"], rank["sum"]) for rank in ranks] == [(0, "node01", 3.0),
+                                                                            (1, "node02", 3.0)]
 
 
 # Each rank notes every signal it gets; on SIGTERM it saves (a second later) and exits 143.

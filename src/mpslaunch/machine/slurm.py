@@ -19,7 +19,9 @@ MAX_NODES = 65_536
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
 _TASK_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
-_HETEROGENEOUS = re.compile(r"SLURM_\w+_(HET|PACK)_GROUP_\d+")
+# A component after the first: SLURM 22.05 also sets SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0 in the
+# steps of an ordinary batch job (measured), so component 0 alone says nothing.
+_HETEROGENEOUS = re.compile(r"SLURM_\w+_(HET|PACK)_GROUP_([1-9]\d*)")
 
 
 class SlurmVariableError(ValueError):
@@ -264,7 +266,8 @@ def _optional_number(value: str | None) -> int | None:
 
 def _heterogeneous(environ: Mapping[str, str]) -> bool:
     """SLURM marks a heterogeneous job with SLURM_HET_SIZE (SLURM_PACK_SIZE before 20.02) and
-    one set of variables per component (`SLURM_JOB_NODELIST_HET_GROUP_1`)."""
+    one set of variables per component (`SLURM_JOB_NODELIST_HET_GROUP_1`); an ordinary job may
+    have component 0's."""
     return ("SLURM_HET_SIZE" in environ or "SLURM_PACK_SIZE" in environ
             or any(_HETEROGENEOUS.fullmatch(name) for name in environ))
 
