@@ -13,7 +13,8 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   thread, as newer torch does (`torch_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
 - PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
-  ended, as torch before 2.10 reports only the ranks that failed before the stop;
+  ended, as torch before 2.10 reports only the ranks that failed before the stop, and after a
+  stopping signal SLURM delivered to every rank it only waits, then kills what is left;
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
