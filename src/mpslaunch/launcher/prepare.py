@@ -19,7 +19,8 @@ from mpslaunch.launcher.targets import check_target
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import (Cluster, Decision, LaunchPlan, checks_main_address, decide_settings,
-                            for_target, mps_problem, settle, slurm_cluster, with_slurm_config)
+                            for_target, mps_problem, settle, slurm_cluster, torchrun_layer,
+                            with_slurm_config)
 from mpslaunch.settings import (COMMAND_LINE, LaunchOptions, LaunchRequest, Layer, Profile,
                                 ProfileFile, file_layer, merge, options_layer, profile_files,
                                 request_problem)
@@ -71,10 +72,10 @@ def _layers(loaded: ProfileFile, options: LaunchOptions, asked_in: str,
             environ: Mapping[str, str]) -> tuple[Cluster, tuple[Layer, ...]]:
     """The SLURM step this launcher runs in, and the settings' layers over the defaults, weakest
     first: what the step derives (a port), the profile file in force, the options, then the
-    step's facts."""
+    clusters' facts (the step's, torchrun's PET_ variables)."""
     user = file_layer(loaded), options_layer(options, asked_in)
     cluster = slurm_cluster(merge(*user), environ)
-    return cluster, (cluster.derived, *user, cluster.facts)
+    return cluster, (cluster.derived, *user, cluster.facts, torchrun_layer(environ))
 
 
 def _in_cluster(plan: LaunchPlan) -> LaunchPlan:
