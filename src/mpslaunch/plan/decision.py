@@ -167,7 +167,8 @@ def _rank_lines(settings: Settings, place: Place) -> list[str]:
             f"{settings.num_machines} tasks ({settings.origin('num_machines')}), "
             f"{place.local_world} on each of {place.num_nodes} nodes",
             f"rank:            {place.rank} ({settings.origin('machine_rank')}), local rank "
-            f"{place.local_rank} (SLURM_LOCALID), node {place.node_rank + 1} ({place.node})",
+            f"{place.local_rank} (SLURM_LOCALID), node {place.node_rank + 1} of {place.num_nodes} "
+            f"({place.node})",
             f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
             f"port {settings.main_process_port or DEFAULT_PORT} "
             f"({settings.origin('main_process_port')}), where rank 0 serves the script's store"]

@@ -18,8 +18,6 @@ refused, since one launcher there would train alone while the job's other nodes 
 
 from __future__ import annotations
 
-import dataclasses
-import zlib
 from collections import namedtuple
 from collections.abc import Mapping
 
@@ -36,22 +34,20 @@ ONE_TASK_PER_NODE = "srun --ntasks-per-node=1 mpslaunch launch ..."
 DERIVED_PORT_FIRST, DERIVED_PORT_COUNT = 20000, 10000
 
 
-@dataclasses.dataclass(frozen=True)
-class Place:
-    """Where this launcher stands in the SLURM step, as the plan line and --dry_run say it."""
-
-    job_id: str
-    node_rank: int  # SLURM_NODEID
-    num_nodes: int
-    node: str  # this task's node
-    rank: int | None  # rank mode: this task's rank in the world (SLURM_PROCID); None: node mode
-    world: int  # rank mode: the step's tasks
-    local_rank: int  # SLURM_LOCALID
-    local_world: int  # tasks on each node
-    # SLURM signals every process of the step itself (scancel, a time limit, srun's Ctrl-C), so
-    # the launcher does not forward what it gets; through srun --pty a terminal's own signals
-    # reach the launcher alone, and with proctrack/pgid SLURM reaches only its process group.
-    delivers_signals: bool = True
+# Where this launcher stands in the SLURM step, as the plan line and --dry_run say it. A plain
+# tuple, as settings' Layer is (cheap to define at every launch):
+#   job_id, node_rank (SLURM_NODEID), num_nodes, node (this task's node)
+#   rank             rank mode: this task's rank in the world (SLURM_PROCID); None: node mode
+#   world            rank mode: the step's tasks
+#   local_rank       SLURM_LOCALID
+#   local_world      tasks on each node
+#   delivers_signals SLURM signals every process of the step itself (scancel, a time limit,
+#                    srun's Ctrl-C), so the launcher does not forward what it gets; through srun
+#                    --pty a terminal's own signals reach the launcher alone, and with
+#                    proctrack/pgid SLURM reaches only its process group
+class Place(namedtuple("Place", "job_id node_rank num_nodes node rank world local_rank "
+                                "local_world delivers_signals", defaults=(True,))):
+    __slots__ = ()
 
     @property
     def rank_mode(self) -> bool:
@@ -157,6 +153,8 @@ def _port(step: SlurmStep, environ: Mapping[str, str]) -> Layer:
 
 
 def derived_port(job_id: str, step_id: str) -> int:
+    import zlib  # in a step only: a checksum every task computes alike (hash() is salted)
+
     return DERIVED_PORT_FIRST + zlib.crc32(f"{job_id}.{step_id}".encode()) % DERIVED_PORT_COUNT
 
 
@@ -245,7 +243,7 @@ def with_slurm_config(place: Place, grace_period: float, kill_wait: int | None,
     """The place with what the cluster's configuration says (`scontrol show config`: KillWait,
     ProctrackType; None when unknown), and its warnings."""
     if proctrack == "proctrack/pgid":  # SLURM signals the task's process group only
-        place = dataclasses.replace(place, delivers_signals=False)
+        place = place._replace(delivers_signals=False)
     if kill_wait is None or grace_period <= kill_wait:
         return place, ()
     return place, (f"SLURM kills a cancelled job's processes {kill_wait} s after its SIGTERM "
