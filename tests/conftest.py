@@ -261,6 +261,39 @@ REQUIRE_SLURM = "MPSLAUNCH_REQUIRE_SLURM"  # set to 1 (by .ci/run): a skipped sl
 SLURM_JOB_NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
 
 
+# The job's variables SLURM sets everywhere in a job; a step, a batch script and salloc differ
+# (measured on the local SLURM, slurm 22.05).
+SLURM_JOB = {
+    "SLURM_CLUSTER_NAME": "mpslaunch", "SLURM_JOB_ID": "31", "SLURM_JOBID": "31",
+    "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2", "SLURM_JOB_PARTITION": "local", "SLURM_JOB_CPUS_PER_NODE": "2(x2)",
+    "SLURM_SUBMIT_DIR": "/tmp/slm", "SLURM_SUBMIT_HOST": "vm", "PATH": "/usr/bin:/bin",
+}
+
+
+def slurm_task(procid: int, nodeid: int, localid: int, node: str, **step: str) -> dict[str, str]:
+    """A task of `srun -N2 --ntasks-per-node=2` (the defaults), as SLURM set its environment."""
+    return {**SLURM_JOB, "SLURM_JOB_NAME": "python", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+            "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
+            "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": str(procid),
+            "SLURM_NODEID": str(nodeid), "SLURM_LOCALID": str(localid), "SLURM_GTIDS": str(procid),
+            "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node, **step}
+
+
+def slurm_step_of(rank: int, per_node: int, nodes: tuple[str, ...] = ("node01", "node02"),
+                  node_list: str = "node[01-02]", **extra: str) -> dict[str, str]:
+    """Task `rank` of `srun -N{len(nodes)} --ntasks-per-node={per_node}`: SLURM places the tasks
+    in blocks, the first node holding ranks 0 to per_node - 1 (measured)."""
+    count = len(nodes) * per_node
+    step = {"SLURM_STEP_NODELIST": node_list, "SLURM_STEP_NUM_NODES": str(len(nodes)),
+            "SLURM_STEP_NUM_TASKS": str(count), "SLURM_NTASKS": str(count),
+            "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{len(nodes)})" if len(nodes) > 1 else str(per_node),
+            "SLURM_NTASKS_PER_NODE": str(per_node)}
+    return slurm_task(rank, rank // per_node, rank % per_node, nodes[rank // per_node],
+                      **{**step, **extra})
+
+
 @dataclasses.dataclass(frozen=True)
 class SlurmCluster:
     """The local SLURM: its clients' config, and SLURM's commands run with it."""

@@ -5,27 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import SLURM_JOB as JOB, slurm_task as task
 from mpslaunch.machine import (SlurmVariableError, in_slurm_step, kill_wait_from_config,
                                slurm_allocation, slurm_step)
-
-# The job's variables SLURM sets everywhere in a job; a step, a batch script and salloc differ.
-JOB = {
-    "SLURM_CLUSTER_NAME": "mpslaunch", "SLURM_JOB_ID": "31", "SLURM_JOBID": "31",
-    "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "2",
-    "SLURM_NNODES": "2", "SLURM_JOB_PARTITION": "local", "SLURM_JOB_CPUS_PER_NODE": "2(x2)",
-    "SLURM_SUBMIT_DIR": "/tmp/slm", "SLURM_SUBMIT_HOST": "vm", "PATH": "/usr/bin:/bin",
-}
-
-
-def task(procid: int, nodeid: int, localid: int, node: str, **step: str) -> dict[str, str]:
-    """A task of `srun -N2 --ntasks-per-node=2` (the defaults), as SLURM set its environment."""
-    return {**JOB, "SLURM_JOB_NAME": "python", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
-            "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "4",
-            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
-            "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": str(procid),
-            "SLURM_NODEID": str(nodeid), "SLURM_LOCALID": str(localid), "SLURM_GTIDS": str(procid),
-            "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node, **step}
-
 
 def test_each_task_of_a_two_node_step_reads_its_place():
     for procid, nodeid, localid, node in [(0, 0, 0, "node01"), (1, 0, 1, "node01"),
@@ -110,6 +92,14 @@ HETEROGENEOUS = {"SLURM_HET_SIZE": "2", "SLURM_PACK_SIZE": "2", "SLURM_JOB_ID_HE
 def test_a_heterogeneous_job_is_known_in_a_step_and_in_its_allocation(marks):
     assert slurm_step(task(0, 0, 0, "node01", **marks)).heterogeneous
     assert slurm_allocation({**JOB, **marks}).heterogeneous
+
+
+def test_an_ordinary_jobs_component_zero_variable_is_not_heterogeneous():
+    """An srun step inside `sbatch -N2 --ntasks-per-node=1` (slurm 22.05) has
+    SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0=1(x2)."""
+    environ = task(0, 0, 0, "node01", SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0="1(x2)")
+    assert not slurm_step(environ).heterogeneous
+    assert not slurm_allocation({**JOB, "SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0": "1(x2)"}).heterogeneous
 
 
 @pytest.mark.parametrize("change,named", [

@@ -18,7 +18,8 @@ from typing import Any
 from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
 from mpslaunch.output import MpslaunchError
-from mpslaunch.machine import CHECK_TIMEOUT_SECONDS, Machine, run_torch_check
+from mpslaunch.machine import (CHECK_TIMEOUT_SECONDS, Machine, SlurmVariableError, run_torch_check,
+                               slurm_allocation, slurm_step)
 from mpslaunch.launcher import prepare
 from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
                                 unused_default_note)
@@ -28,9 +29,9 @@ Print the facts a bug report needs, as a Markdown block to paste as it is: the
 versions of mpslaunch, Python, torch, torchvision and accelerate, the platform (the
 macOS version, build and chip on a Mac, and whether it is a virtual machine), whether
 MPS works (proven by a tiny computation in a separate Python; on a Mac this answer
-replaces the one `mpslaunch launch` keeps), the CUDA devices torch sees, the relevant
-environment variables (secrets hidden), the profile in force and what `mpslaunch
-launch` would choose.
+replaces the one `mpslaunch launch` keeps), the CUDA devices torch sees, the SLURM
+job or step it runs in, the relevant environment variables (secrets hidden), the
+profile in force and what `mpslaunch launch` would choose.
 
 examples:
   mpslaunch env
@@ -90,6 +91,7 @@ def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file:
                                 else "none: the check gave no answer in time; nothing was kept")
     facts["cuda"] = cuda_status(torch_facts, machine)
     facts["nvidia_gpus_visible"] = list(machine.cuda_devices)
+    facts["slurm"] = slurm_status(environ)
     facts["environment"] = relevant_environment(environ)
     facts.update(profile_facts(machine, environ, config_file, profile_name))
     facts["accelerate_default_config"] = unused_default_note(environ)
@@ -127,6 +129,18 @@ def cuda_status(facts: dict[str, Any], machine: Machine) -> str:
         return "no devices" + ("" if facts.get("torch_cuda") else " (torch is not a CUDA build)")
     return "; ".join(f"{i}: {d['name']} (capability {d['capability']}, {d['memory_gib']} GiB)"
                      for i, d in enumerate(devices))
+
+
+def slurm_status(environ) -> str:
+    """The srun step this runs in, else the SLURM job seen from outside any step, else none."""
+    try:
+        step = slurm_step(environ)
+    except SlurmVariableError as error:
+        return f"unreadable: {error}"
+    if step is not None:
+        return "srun step: " + step.describe()
+    allocation = slurm_allocation(environ)
+    return allocation.describe() if allocation else "none"
 
 
 def relevant_environment(environ) -> dict[str, str]:
@@ -168,7 +182,7 @@ _LABELS = {
     "torch": "torch", "torch_cuda_build": "torch CUDA build", "torchvision": "torchvision",
     "accelerate": "accelerate", "mps": "MPS", "mps_verdict": "MPS verdict kept for launches",
     "cuda": "CUDA devices (torch)",
-    "nvidia_gpus_visible": "NVIDIA GPUs (driver)",
+    "nvidia_gpus_visible": "NVIDIA GPUs (driver)", "slurm": "SLURM",
 }
 
 

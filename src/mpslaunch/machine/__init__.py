@@ -12,10 +12,10 @@ from mpslaunch.machine.facts import (Machine, available_memory, cpu_brand, memor
                                      probe, verify_mps, version_tuple, with_torch_facts)
 from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, loopback_interface,
                                        plain_address, with_addresses, with_own_name)
-from mpslaunch.machine.slurm import (MAX_NODES, SlurmAllocation, SlurmStep, SlurmVariableError,
-                                     expand_hostlist, expand_tasks_per_node, in_slurm_step,
-                                     kill_wait_from_config, kill_wait_seconds, slurm_allocation,
-                                     slurm_step)
+from mpslaunch.machine.slurm import (MAX_NODES, SlurmAllocation, SlurmConfig, SlurmStep,
+                                     SlurmVariableError, config_from_text, expand_hostlist,
+                                     expand_tasks_per_node, in_slurm_step, kill_wait_from_config,
+                                     kill_wait_seconds, slurm_allocation, slurm_config, slurm_step)
 
 __getattr__ = lazy_names(__name__, {
     "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "cache_dir", "run_torch_check"),

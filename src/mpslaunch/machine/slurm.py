@@ -19,7 +19,9 @@ MAX_NODES = 65_536
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
 _TASK_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
-_HETEROGENEOUS = re.compile(r"SLURM_\w+_(HET|PACK)_GROUP_\d+")
+# A component after the first: SLURM 22.05 also sets SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0 in the
+# steps of an ordinary batch job (measured), so component 0 alone says nothing.
+_HETEROGENEOUS = re.compile(r"SLURM_\w+_(HET|PACK)_GROUP_([1-9]\d*)")
 
 
 class SlurmVariableError(ValueError):
@@ -139,6 +141,7 @@ class SlurmStep:
     global_rank: int  # SLURM_PROCID: this task among the step's
     node_name: str  # SLURMD_NODENAME, "" when SLURM did not say
     heterogeneous: bool  # a heterogeneous job (components with their own node lists)
+    pty: bool = False  # srun --pty: a terminal's own signals reach the foreground process only
 
     @property
     def main_node(self) -> str | None:
@@ -149,6 +152,24 @@ class SlurmStep:
     def tasks_on_each_node(self) -> int | None:
         """The number of tasks on every node when it is the same on all, else None (`2,1`)."""
         return self.tasks_per_node[0] if len(set(self.tasks_per_node)) == 1 else None
+
+    @property
+    def this_node(self) -> str:
+        """This task's node: SLURMD_NODENAME, else its place in the node list, else its number."""
+        if self.node_name:
+            return self.node_name
+        return self.nodes[self.node_rank] if self.nodes else f"node {self.node_rank}"
+
+    def describe(self) -> str:
+        """One line for a bug report: `job 31, step 0 (python): task 3 of 4 on node02, node 2
+        of 2 (node[01-02]), 2 tasks on each node`."""
+        each = self.tasks_on_each_node
+        counts = (f"{each} task{'s' if each != 1 else ''} on each node" if each is not None
+                  else f"{','.join(map(str, self.tasks_per_node))} tasks on its nodes")
+        return (f"job {self.job_id}, step {self.step_id}" + (f" ({self.job_name})" if self.job_name else "")
+                + f": task {self.global_rank} of {self.num_tasks} on {self.this_node}, node "
+                f"{self.node_rank + 1} of {self.num_nodes} ({self.node_list}), {counts}"
+                + ("; heterogeneous" if self.heterogeneous else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +185,18 @@ class SlurmAllocation:
     num_tasks: int | None  # SLURM_NTASKS
     batch: bool  # a batch script (SLURM sets ENVIRONMENT=BATCH there), else salloc or alike
     heterogeneous: bool
+
+    def describe(self) -> str:
+        """One line for a bug report: `job 31 (wrap), a batch script outside any srun step: 2
+        nodes (node[01-02]), 2 tasks`."""
+        where = "a batch script" if self.batch else "a shell (salloc)"
+        counts = [f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''} ({self.node_list})"
+                  if self.num_nodes is not None else f"nodes {self.node_list or 'unknown'}"]
+        if self.num_tasks is not None:
+            counts.append(f"{self.num_tasks} task{'s' if self.num_tasks != 1 else ''}")
+        return (f"job {self.job_id}" + (f" ({self.job_name})" if self.job_name else "")
+                + f", {where} outside any srun step: {', '.join(counts)}"
+                + ("; heterogeneous" if self.heterogeneous else ""))
 
 
 def in_slurm_step(environ: Mapping[str, str]) -> bool:
@@ -185,7 +218,8 @@ def slurm_step(environ: Mapping[str, str]) -> SlurmStep | None:
         num_nodes=_number(environ, "SLURM_STEP_NUM_NODES"), num_tasks=_number(environ, "SLURM_STEP_NUM_TASKS"),
         tasks_per_node=per_node, node_rank=_number(environ, "SLURM_NODEID"),
         local_rank=_number(environ, "SLURM_LOCALID"), global_rank=_number(environ, "SLURM_PROCID"),
-        node_name=environ.get("SLURMD_NODENAME", ""), heterogeneous=_heterogeneous(environ))
+        node_name=environ.get("SLURMD_NODENAME", ""), heterogeneous=_heterogeneous(environ),
+        pty="SLURM_PTY_PORT" in environ)
     _check_counts(step)
     return dataclasses.replace(step, **_expanded_nodes(step))
 
@@ -232,7 +266,8 @@ def _optional_number(value: str | None) -> int | None:
 
 def _heterogeneous(environ: Mapping[str, str]) -> bool:
     """SLURM marks a heterogeneous job with SLURM_HET_SIZE (SLURM_PACK_SIZE before 20.02) and
-    one set of variables per component (`SLURM_JOB_NODELIST_HET_GROUP_1`)."""
+    one set of variables per component (`SLURM_JOB_NODELIST_HET_GROUP_1`); an ordinary job may
+    have component 0's."""
     return ("SLURM_HET_SIZE" in environ or "SLURM_PACK_SIZE" in environ
             or any(_HETEROGENEOUS.fullmatch(name) for name in environ))
 
@@ -270,23 +305,43 @@ def _expanded_nodes(step: SlurmStep) -> dict:
 
 
 _KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+) sec", re.MULTILINE)
+_PROCTRACK = re.compile(r"^ProctrackType\s*=\s*(\S+)", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmConfig:
+    """What the cluster's controller says of how it stops a job; None where it did not say."""
+
+    kill_wait: int | None  # KillWait: seconds between a cancelled job's SIGTERM and SIGKILL
+    proctrack: str | None  # ProctrackType: how slurmstepd finds a step's processes
 
 
 def kill_wait_from_config(text: str) -> int | None:
     """KillWait, the seconds SLURM leaves a job's processes between SIGTERM and SIGKILL, from
     `scontrol show config`'s text; None when it is not there."""
-    match = _KILL_WAIT.search(text)
-    return int(match.group(1)) if match else None
+    return config_from_text(text).kill_wait
 
 
-def kill_wait_seconds(timeout: float = 2.0) -> int | None:
-    """KillWait as the cluster's controller says it (`scontrol show config`), or None when
-    scontrol is missing, fails or does not answer within `timeout` seconds."""
+def config_from_text(text: str) -> SlurmConfig:
+    """KillWait and ProctrackType from `scontrol show config`'s text."""
+    kill_wait, proctrack = _KILL_WAIT.search(text), _PROCTRACK.search(text)
+    return SlurmConfig(int(kill_wait.group(1)) if kill_wait else None,
+                       proctrack.group(1) if proctrack else None)
+
+
+def slurm_config(timeout: float = 2.0) -> SlurmConfig:
+    """The cluster's configuration as its controller says it (`scontrol show config`); unknown
+    values when scontrol is missing, fails or does not answer within `timeout` seconds."""
     import subprocess
 
     try:
         answer = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
                                 timeout=timeout, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return kill_wait_from_config(answer.stdout) if answer.returncode == 0 else None
+        return SlurmConfig(None, None)
+    return config_from_text(answer.stdout) if answer.returncode == 0 else SlurmConfig(None, None)
+
+
+def kill_wait_seconds(timeout: float = 2.0) -> int | None:
+    """KillWait as the cluster's controller says it, or None when unknown."""
+    return slurm_config(timeout).kill_wait

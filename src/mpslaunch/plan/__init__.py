@@ -2,7 +2,9 @@
 no files and starts nothing, so tests can describe any computer. decision.py holds the plan's
 types, `decide` and `settle` (the settings' layers merged, and the rules between keys);
 device.py the device, precision and torch.compile rules; processes.py the processes, machines
-and addresses; child.py the child's command and environment (and Accelerate's launch options).
+and addresses; child.py the child's command and environment (and Accelerate's launch options);
+slurm.py what an srun step gives the settings (a cluster layer) and the rules of a run in it;
+torchrun_variables.py torchrun's PET_ variables (a PyTorchJob's) as another cluster layer.
 Each refusal is an MpslaunchError that says what to do; each rule cites its fact in
 docs/mps-facts.md.
 """
@@ -14,3 +16,6 @@ from mpslaunch.plan.device import (choose_device, cuda_problem, dynamo_problem, 
                                    torch_mps_problem)
 from mpslaunch.plan.processes import (checks_main_address, default_processes, main_address_problem,
                                       most_processes, processes_problem)
+from mpslaunch.plan.slurm import (NO_CLUSTER, Cluster, Place, derived_port, slurm_cluster,
+                                  with_slurm_config)
+from mpslaunch.plan.torchrun_variables import torchrun_layer

@@ -31,8 +31,11 @@ def _as_file(script: str) -> str:
 
 
 def child_environment(settings: Profile, device: str, machine: Machine,
-                      environ: Mapping[str, str], multi: bool) -> dict[str, str]:
-    """Variables the child gets on top of the user's environment (the README's table)."""
+                      environ: Mapping[str, str], multi: bool,
+                      here: int | None = None) -> dict[str, str]:
+    """Variables the child gets on top of the user's environment (the README's table). `here`:
+    the processes that share this machine (num_processes; SLURM's tasks on it in rank mode)."""
+    here = settings.num_processes if here is None else here
     env = {
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
@@ -51,11 +54,10 @@ def child_environment(settings: Profile, device: str, machine: Machine,
     if "PYTHONFAULTHANDLER" not in environ:
         # A crash in native code (a segfault, an abort in a kernel) then prints the Python stack.
         env["PYTHONFAULTHANDLER"] = "1"
-    if settings.num_processes > 1 and "OMP_NUM_THREADS" not in environ:
+    if here > 1 and "OMP_NUM_THREADS" not in environ:
         # Several CPU processes each starting one thread per core oversubscribe the machine, so
         # they share the cores; GPU ranks get torchrun's own default, one thread.
-        env["OMP_NUM_THREADS"] = (str(max(1, machine.cpu_count // settings.num_processes))
-                                  if device == "cpu" else "1")
+        env["OMP_NUM_THREADS"] = str(max(1, machine.cpu_count // here)) if device == "cpu" else "1"
     return env
 
 
@@ -219,8 +221,10 @@ SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "m
                            "machine_rank", "monitor_interval")
 
 
-def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bool) -> tuple[str, ...]:
-    """Options given that change nothing in this plan, named rather than silently dropped."""
+def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bool,
+              rank_mode: bool = False) -> tuple[str, ...]:
+    """Options given that change nothing in this plan, named rather than silently dropped (in
+    rank mode the machines are SLURM's tasks, and --num_processes, 1, is each task's)."""
     warnings = []
     if settings.gpu_ids not in (None, "all") and device != "cuda":
         warnings.append(f"{settings.named('gpu_ids')} has no effect on {device}")
@@ -228,7 +232,10 @@ def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bo
     if idle and not multi:
         warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
                         "one process")
-    if request.num_processes is not None and settings.num_machines > 1:
+    if rank_mode and request.monitor_interval is not None:
+        warnings.append("--monitor_interval has no effect here: SLURM started the ranks, and no "
+                        "torch agent watches them")
+    if request.num_processes is not None and settings.num_machines > 1 and not rank_mode:
         # Accelerate's --num_processes counts every machine's processes; an Accelerate habit here
         # would start num_machines times too many.
         total = request.num_processes * settings.num_machines

@@ -20,6 +20,7 @@ from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
 from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
                                       own_name_problem, several_machines_settings)
+from mpslaunch.plan.slurm import Place, rank_mode_problem, rank_variables
 from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, DEFAULT_PORT, LaunchOptions, LaunchRequest,
                                 Layer, Profile, ProfileFile, Settings, check_profile, file_layer,
                                 merge, options_layer, profile_layer, request_problem)
@@ -44,20 +45,38 @@ class Decision:
     replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
     keep_awake: bool = False  # macOS: caffeinate holds off idle sleep while the run lasts
     removed: Mapping[str, str] = field(default_factory=dict)  # another launcher's, kept from the child
+    # The SLURM step this launcher runs in (plan/slurm.py); in rank mode, SLURM started the ranks
+    # and this launcher runs one of them, as its one child.
+    cluster: Place | None = None
 
     @property
     def world_size(self) -> int:
         return self.settings.num_processes * self.settings.num_machines
 
+    @property
+    def rank_mode(self) -> bool:
+        return self.cluster is not None and self.cluster.rank_mode
+
+    @property
+    def silent_rank(self) -> bool:
+        """Rank mode, not rank 0: rank 0's launcher says the plan, its warnings and its end for
+        every task, and this one speaks only of a failure, so a node of 8 tasks prints one plan."""
+        return self.rank_mode and self.cluster.rank != 0
+
     def choice(self) -> str:
-        """One line: the device and why, the precision, the processes."""
+        """One line: the device and why, the precision, the processes (and the SLURM step)."""
         count, machines = self.settings.num_processes, self.settings.num_machines
         processes = f"{count} process" + ("es" if count > 1 else "")
-        if machines > 1:
+        if self.rank_mode:
+            nodes = self.cluster.num_nodes
+            processes = (f"1 process of {self.world_size}, {self.cluster.local_world} on each of "
+                         f"{nodes} node{'s' if nodes > 1 else ''}")
+        elif machines > 1:
             processes += f" on each of {machines} machines"
         if self.one_per_gpu and count > 1:
             processes += ", one per GPU (--num_processes 1 for one)"
-        return f"{self.reason}; precision {self.settings.mixed_precision}; {processes}"
+        line = f"{self.reason}; precision {self.settings.mixed_precision}; {processes}"
+        return line + (f"; {self.cluster.line(self.settings)}" if self.cluster else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,8 +113,10 @@ class LaunchPlan(Decision):
             + ("auto, " if settings.device == "auto" else "") + f"{settings.origin('device')})",
             f"reason:          {self.reason}",
             f"mixed precision: {settings.mixed_precision} ({settings.origin('mixed_precision')})",
-            f"processes:       {_processes_text(settings, self.one_per_gpu)}",
-            *_machines_lines(settings),
+            *(_rank_lines(settings, self.cluster) if self.rank_mode else
+              [f"processes:       {_processes_text(settings, self.one_per_gpu)}",
+               *_machines_lines(settings)]),
+            *([f"cluster:         {self.cluster.line(settings)}"] if self.cluster else []),
             f"engine:          {self.engine}",
             *(["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
               if self.keep_awake else []),
@@ -140,6 +161,19 @@ def _machines_lines(settings: Settings) -> list[str]:
             f"machines wait {settings.rdzv_timeout} s at most ({settings.origin('rdzv_timeout')})"]
 
 
+def _rank_lines(settings: Settings, place: Place) -> list[str]:
+    """Rank mode: SLURM started this task as one rank of the world; where each number came from."""
+    return [f"processes:       1 in this task ({settings.origin('num_processes')}), one rank of "
+            f"{settings.num_machines} tasks ({settings.origin('num_machines')}), "
+            f"{place.local_world} on each of {place.num_nodes} nodes",
+            f"rank:            {place.rank} ({settings.origin('machine_rank')}), local rank "
+            f"{place.local_rank} (SLURM_LOCALID), node {place.node_rank + 1} of {place.num_nodes} "
+            f"({place.node})",
+            f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
+            f"port {settings.main_process_port or DEFAULT_PORT} "
+            f"({settings.origin('main_process_port')}), where rank 0 serves the script's store"]
+
+
 def decide(profile: Profile | ProfileFile, options: LaunchOptions, machine: Machine,
            environ: Mapping[str, str]) -> Decision:
     """The device, precision, processes and variables for these options over this profile,
@@ -154,10 +188,15 @@ def decide(profile: Profile | ProfileFile, options: LaunchOptions, machine: Mach
 
 
 def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine,
-                    environ: Mapping[str, str]) -> Decision:
-    """decide() for `settings`, what settle() made of the layers (`options` among them)."""
+                    environ: Mapping[str, str], cluster: Place | None = None) -> Decision:
+    """decide() for `settings`, what settle() made of the layers (`options` among them);
+    `cluster`: where this launcher stands in the SLURM step whose layers were settled."""
     machine = with_gpu_ids(machine, settings, environ)
     device, reason = choose_device(settings, machine)
+    rank_mode = cluster is not None and cluster.rank_mode
+    problem = rank_mode_problem(cluster, device, machine, environ) if rank_mode else None
+    if problem:
+        raise MpslaunchError(problem)
     one_per_gpu = settings.num_processes is None
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
@@ -173,20 +212,26 @@ def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine
     if problem:
         raise MpslaunchError(problem)
     multi = settings.num_processes > 1 or settings.num_machines > 1
-    env = child_environment(settings, device, machine, environ, multi)
+    here = cluster.local_world if rank_mode else settings.num_processes
+    env = child_environment(settings, device, machine, environ, multi, here)
+    if rank_mode:
+        env.update(rank_variables(cluster, settings))
     env.update(accelerate_environment(options, settings, device))
     return Decision(
         device=device,
         reason=reason,
-        engine="torchrun" if multi else "single",
+        # rank mode: SLURM started the ranks, and this launcher runs one as its one child
+        engine="torchrun" if multi and not rank_mode else "single",
         env=env,
         settings=settings,
-        warnings=_warnings(settings, device, machine) + no_effect(options, settings, device, multi),
+        warnings=_warnings(settings, device, machine)
+        + no_effect(options, settings, device, multi, rank_mode),
         one_per_gpu=one_per_gpu and device == "cuda",
         accelerate_notes=accelerate_notes(options, settings, device, env),
         replaced=replaced_values(env, environ),
         keep_awake=settings.keep_awake and machine.is_mac and machine.caffeinate,
         removed={} if multi else other_launchers_variables(environ),
+        cluster=cluster,
     )
 
 

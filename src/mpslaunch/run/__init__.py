@@ -45,7 +45,7 @@ def execute(plan: LaunchPlan, report: bool = False) -> int:
         from mpslaunch.run.single import run_child
 
         return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
-                         plan.removed)
+                         plan.removed, delivered=_delivered(plan))
     if threading.current_thread() is not threading.main_thread():
         raise MpslaunchError("several processes of a script are started from the main thread "
                              "only (stopping them needs its signal handlers); call from the main "
@@ -53,3 +53,9 @@ def execute(plan: LaunchPlan, report: bool = False) -> int:
     from mpslaunch.run.torchrun import elastic as torchrun
 
     return torchrun.run(plan, plan.grace_period, watch)
+
+
+def _delivered(plan: LaunchPlan) -> bool:
+    """SLURM signals every process of the step itself (plan/slurm.py), so the launcher does
+    not forward what it gets."""
+    return plan.cluster is not None and plan.cluster.delivers_signals

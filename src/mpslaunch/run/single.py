@@ -33,21 +33,23 @@ from mpslaunch.run.supervisor import Supervisor
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
-              watch: Watch | None = None, env_removals: Iterable[str] = ()) -> int:
+              watch: Watch | None = None, env_removals: Iterable[str] = (),
+              delivered: bool = False) -> int:
+    """`delivered`: SLURM signals the child itself (supervisor.py), so nothing is forwarded."""
     with watching(watch) as run:
         code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run,
-                                           env_removals)
+                                           env_removals, delivered)
     run.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals):
+def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, delivered):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
     env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
-    child = _Child(run_id, grace_seconds)
+    child = _Child(run_id, grace_seconds, delivered)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with child.supervisor.handling({**dict.fromkeys(FORWARDED_SIGNALS, child.signal),
                                     signal.SIGTSTP: child.job_control,
@@ -84,18 +86,19 @@ class _Child:
     and a stopping one starts the supervisor's grace period; job control reaches the child
     while it runs."""
 
-    def __init__(self, run_id: str, grace_seconds: float):
+    def __init__(self, run_id: str, grace_seconds: float, delivered: bool = False):
         self.process: subprocess.Popen | None = None
         self.held: list[int] = []
-        self.supervisor = Supervisor(run_id, grace_seconds, self.group)
+        self.supervisor = Supervisor(run_id, grace_seconds, self.group, delivered=delivered)
 
     def group(self) -> list[int]:
         return [self.process.pid] if self.process is not None else []
 
     def attach(self, process: subprocess.Popen) -> None:
         self.process = process
-        for signum in self.held:
-            self.signal(signum)
+        for signum in self.held:  # sent before the child existed: SLURM's did not reach it either
+            if self.supervisor.send(signum) and signum in STOPPING_SIGNALS:
+                self.supervisor.stopping(signum)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -10,6 +10,11 @@ stays ignored: no handler is installed over it, and the children inherit the SIG
 are installed from the main thread only (mpslaunch.launch() from a thread leaves the caller's).
 Only processes that carry the run's marker (processes.py) are swept after the run: a program
 calling mpslaunch.launch() keeps its own.
+
+In a SLURM step (`delivered`), slurmstepd signals every process of the step itself (scancel,
+a time limit, srun's double Ctrl-C), the run's too: the supervisor forwards nothing it gets
+then, so each process gets SLURM's signal once, and a stopping signal still starts the grace
+period.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ class Supervisor:
     """One run's processes as the launcher oversees them."""
 
     def __init__(self, run_id: str, grace_seconds: float, leaders: Callable[[], list[int]],
-                 second_stop_kills: bool = False):
+                 second_stop_kills: bool = False, delivered: bool = False):
         self.run_id, self.grace_seconds, self.leaders = run_id, grace_seconds, leaders
         self.second_stop_kills = second_stop_kills  # a second stopping signal means now
+        self.delivered = delivered  # SLURM signals the run's processes itself: forward nothing
         self.stops = 0
         self.stopping_signal = 0  # the first stopping signal
         self.time_up = False  # the grace period ended (or a second signal came): the run was killed
@@ -66,6 +72,13 @@ class Supervisor:
     # ---------------------------------------------------------------- forwarding
 
     def forward(self, signum: int, _frame=None) -> bool:
+        """Send `signum` to the run's processes, unless SLURM has sent it to them itself; whether
+        one was there to get it."""
+        if self.delivered:
+            return bool(self.leaders())
+        return self.send(signum)
+
+    def send(self, signum: int) -> bool:
         """Send `signum` to the run's processes; whether one was there to get it."""
         reached = False
         for pid in self.leaders():

@@ -13,7 +13,8 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   thread, as newer torch does (`torch_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
 - PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
-  ended, as torch before 2.10 reports only the ranks that failed before the stop;
+  ended, as torch before 2.10 reports only the ranks that failed before the stop, and after a
+  stopping signal SLURM delivered to every rank it only waits, then kills what is left;
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
@@ -35,7 +36,9 @@ import datetime
 import inspect
 import re
 import signal
+import subprocess
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -181,7 +184,10 @@ class RankStops:
 
 
 @contextmanager
-def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
+def graceful_stops(grace_seconds: float,
+                   delivered: Callable[[], bool] = lambda: False) -> Iterator[RankStops]:
+    """`delivered()`: the ranks have the stopping signal from SLURM already, so close() only
+    waits the grace period, then kills what is left."""
     from torch.distributed.elastic.multiprocessing import api
 
     stops = RankStops(grace_seconds)
@@ -195,7 +201,12 @@ def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
         if context is not stops.attempt:
             stops.attempt, stops.stopped = context, {}
         running = _running(context)
-        original(context, death_sig=death_sig, timeout=grace_seconds)
+        if delivered():
+            _wait(running.values(), grace_seconds)
+            death_sig, timeout = signal.SIGKILL, 0  # for the ranks still running: the end
+        else:
+            timeout = grace_seconds
+        original(context, death_sig=death_sig, timeout=timeout)
         stops.stopped.update({rank: process.wait() for rank, process in running.items()})
 
     PContext.close = close
@@ -212,6 +223,15 @@ def _takes_a_timeout(context_class) -> bool:
         return {"death_sig", "timeout"} <= set(inspect.signature(close).parameters)
     except (TypeError, ValueError):
         return False
+
+
+def _wait(processes, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def _running(context) -> dict:

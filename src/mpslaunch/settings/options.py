@@ -166,6 +166,10 @@ OPTIONS = (
            metavar="SECONDS", group=MACHINES),
     Option("max_restarts", int, "restarts of the worker group after a failure", default=0,
            check=at_least(0), profile=True, metavar="RESTARTS", group=MACHINES, accelerate=True),
+    # Inside an srun step, SLURM's variables say the machines, this one's rank and machine 0.
+    Option("slurm", bool, "ignore SLURM: do not read the machines and ranks from the srun step "
+           "(docs/several-machines.md)", default=True, profile=True, flag="--no_slurm",
+           const=False, group=MACHINES),
     Option("monitor_interval", float, "how often torch checks the ranks",
            check=seconds(0, 3600, above=True), metavar="SECONDS", group=MACHINES,
            shown_default="0.1", accelerate=True),

@@ -34,6 +34,7 @@ class Profile:
     rdzv_backend: str = "static"
     rdzv_timeout: int = RDZV_TIMEOUT
     max_restarts: int = 0
+    slurm: bool = True  # read the machines and ranks from an srun step
     # on a Mac: PYTORCH_ENABLE_MPS_FALLBACK, PYTORCH_MPS_HIGH_WATERMARK_RATIO
     mps_fallback: bool = True
     mps_memory_cap: float | None = None

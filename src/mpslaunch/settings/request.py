@@ -30,6 +30,7 @@ class LaunchOptions:
     rdzv_backend: str | None = None
     rdzv_timeout: int | None = None  # seconds
     max_restarts: int | None = None
+    slurm: bool | None = None  # False: --no_slurm
     monitor_interval: float | None = None  # seconds; None: the launcher's own
     # NVIDIA GPUs
     gpu_ids: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks

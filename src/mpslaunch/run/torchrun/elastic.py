@@ -32,8 +32,8 @@ from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
                                      arguments, launcher_environment, rank_environments,
                                      rendezvous_for)
-from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, other_endings,
-                                            stopped_ranks, stopped_summary)
+from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest_own_failure,
+                                            other_endings, stopped_ranks, stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
 from mpslaunch.run.torch_internals import Elastic, graceful_stops, missing, torch_signals, tune
 
@@ -119,13 +119,14 @@ def _run(plan: LaunchPlan, grace_seconds: float, run_id: str) -> int:
     started, callers_children = time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
-    with LauncherSignals(grace_seconds, run_id) as signals, adopt_orphans(), \
+    delivered = plan.cluster is not None and plan.cluster.delivers_signals
+    with LauncherSignals(grace_seconds, run_id, delivered) as signals, adopt_orphans(), \
             _LogFolder(plan.log_dir) as logs:
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # before torch's agent took the signals over
             code = 128 + stop.signum
-            _say(stop.summary or stopped_summary(stop.signum))
+            _say(stop.summary or stopped_summary(stop.signum, killed=signals.watcher.time_up))
         finally:
             signals.quiet()
             signals.watcher.clean_up(started, callers_children)
@@ -155,18 +156,25 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
             _say(f"mpslaunch: note: {line}")
         try:
             # Not the signals the launcher was started with ignored (nohup's SIGHUP).
-            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds) as stops, \
+            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds, signals.stopped_by_slurm) as stops, \
                     torch_signals(config, signals.torch_handles()):
                 elastic.launch(config, entrypoint)(*entry_args)
         except elastic.ChildFailedError as failed:
             signals.quiet()
-            failure = from_torch(*failed.get_first_failure(), logs.path, rendezvous.run_id)
+            rank, first = failed.get_first_failure()
+            # srun reports its tasks' largest code (it needs to know which ranks were stopped)
+            in_slurm = plan.cluster is not None and stops.followed
+            if in_slurm:
+                rank = largest_own_failure(failed.failures, stops.stopped)
+                first = failed.failures[rank]
+            failure = from_torch(rank, first, logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
             others = other_endings(failure, failed.failures, plan.settings.num_processes,
                                     stops.stopped)
             stopped = stopped_ranks(failure, stops.stopped) if stops.followed else None
             summary = failure_summary(failure, others, stopped, grace_seconds,
-                                      fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")))
+                                      fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")),
+                                      largest=in_slurm)
             _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
         except elastic.SignalException as stop:

@@ -6,6 +6,11 @@ whoever handles it, and SIGKILLs the ranks `grace_seconds` after the first, or a
 second; SIGUSR1/2 are forwarded to the ranks; Ctrl-Z stops the ranks, then the launcher
 (SIGCONT continues them); a signal the launcher was started with ignored (nohup's SIGHUP) stays
 ignored, by torch's agent too.
+
+In a SLURM step (`delivered`), SLURM signals every rank itself: nothing is forwarded, and
+torch's agent takes over no stopping signal (it would send its own to the ranks), so the
+launcher's Stopped ends the agent's run, whose shutdown waits for the ranks (torch_internals.
+graceful_stops) instead of signalling them again.
 """
 
 from __future__ import annotations
@@ -36,10 +41,10 @@ class Stopped(BaseException):
 class LauncherSignals:
     """The run's handlers and its supervisor (`watcher`); `quiet()` once the ranks are gone."""
 
-    def __init__(self, grace_seconds: float, run_id: str):
+    def __init__(self, grace_seconds: float, run_id: str, delivered: bool = False):
         self.stopping = False  # Stopped was raised: the run is ending
         self.watcher = Supervisor(run_id, grace_seconds, lambda: rank_pids(run_id),
-                                  second_stop_kills=True)
+                                  second_stop_kills=True, delivered=delivered)
         self.context = ExitStack()
 
     def __enter__(self) -> LauncherSignals:
@@ -54,9 +59,14 @@ class LauncherSignals:
         self.context.__exit__(*exc)
 
     def torch_handles(self) -> str:
-        """For torch's signals_to_handle: the stopping signals that were not ignored."""
+        """For torch's signals_to_handle: the stopping signals that were not ignored (none when
+        SLURM delivers them to the ranks)."""
         return ",".join(signal.Signals(signum).name for signum in STOPPING_SIGNALS
-                        if self.watcher.handles(signum))
+                        if self.watcher.handles(signum) and not self.watcher.delivered)
+
+    def stopped_by_slurm(self) -> bool:
+        """A stopping signal that SLURM sent to every rank too has ended the run."""
+        return self.stopping and self.watcher.delivered
 
     def quiet(self) -> None:
         # torch leaves its handlers installed after the run; a late signal must not raise
