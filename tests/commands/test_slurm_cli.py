@@ -48,9 +48,12 @@ def test_dry_run_in_rank_mode_shows_the_ranks_variables_and_no_torchrun(script):
 
 def test_rank_zero_says_the_plan_and_the_other_ranks_only_their_failure(tmp_path):
     ending = write_script(tmp_path, "end.py", "import os, sys\nsys.exit(int(os.environ['RANK']))\n")
-    first = run_cli("launch", "--cpu", str(ending), env=in_step(0, per_node=2))
-    assert first.returncode == 0
-    assert "slurm job 31: rank 0 of 4 (node01, local rank 0)" in first.stderr
+    # Rank 0 checks that the first node is one of its own addresses: here, `localhost` (the
+    # local SLURM's node names resolve only while it runs).
+    first = run_cli("launch", "--cpu", str(ending),
+                    env=in_step(0, per_node=2, nodes=("localhost", "node02"), node_list="localhost,node02"))
+    assert first.returncode == 0, first.stderr
+    assert "slurm job 31: rank 0 of 4 (localhost, local rank 0)" in first.stderr
     assert "exit code 0" in first.stderr
     other = run_cli("launch", "--cpu", str(ending), env=in_step(3, per_node=2))
     assert other.returncode == 3
