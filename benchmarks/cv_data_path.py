@@ -4,8 +4,8 @@ epoch's wait for its first batch.
 In one process, on the device Accelerate picks, with cv_throughput.py's images (`--scenario`) and
 the examples' step (model, uint8-to-float normalisation, AdamW on a one-cycle schedule):
 
-  per core    an example's ImageFiles read one image after another on one thread: the images/s
-              one DataLoader worker can deliver (decode, crop, flip);
+  per core    an example's ImageFiles read one image after another on one thread, the examples
+              taking turns: the images/s one DataLoader worker can deliver (decode, crop, flip);
   pure step   the step on one uint8 batch already on the device, before and after the variants;
   variants    the example's ImageFiles through a DataLoader prepared by Accelerate, as the example
               builds it or with one setting changed (workers, pinned memory, non-blocking copies,
@@ -51,7 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, help="how many: default all 1,797 digits (demo); "
                         "8000 photos on a GPU, 240 on the CPU (photos)")
     parser.add_argument("--epochs", type=int, default=3, help="of each variant")
-    parser.add_argument("--per_core_images", type=int, default=300)
+    parser.add_argument("--per_core_images", type=int, default=300, help="of each round")
+    parser.add_argument("--rounds", type=int, default=5, help="of the per-core turns")
+    parser.add_argument("--per_core_only", action="store_true", help="no training")
     parser.add_argument("--only", help="comma-separated variant names (default: all)")
     parser.add_argument("--data_root", type=Path,
                         default=Path(tempfile.gettempdir()) / "cv_throughput_data")
@@ -94,18 +96,23 @@ class NormalizedInWorkers:
         return (image.float() - 114.5) / 57.6, label
 
 
-def per_core(example, train_set, args) -> float:
+def per_core(examples: dict, train_set, args, rounds: int = 5) -> dict[str, float]:
+    """Each example's images/s on one thread, the examples taking turns for `rounds` rounds (so
+    that a busy machine slows all alike); the median round of each."""
     import torch
     torch.set_num_threads(1)
-    images = example.ImageFiles(train_set, args.image_size, train=True)
-    count = min(len(images), args.per_core_images)
-    for index in range(min(10, count)):  # warm-up
-        images[index]
-    started = time.perf_counter()
-    for index in range(count):
-        images[index]
+    images = {name: example.ImageFiles(train_set, args.image_size, train=True)
+              for name, example in examples.items()}
+    count = min(len(train_set), args.per_core_images)
+    rates = {name: [] for name in images}
+    for _ in range(rounds):
+        for name, dataset in images.items():
+            started = time.perf_counter()
+            for index in range(count):
+                dataset[index]
+            rates[name].append(count / (time.perf_counter() - started))
     torch.set_num_threads(os.cpu_count())
-    return count / (time.perf_counter() - started)
+    return {name: sorted(values)[len(values) // 2] for name, values in rates.items()}
 
 
 class Trainer:
@@ -206,10 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {"cpus": cpus, "torch": torch.__version__, "torchvision": torchvision.__version__,
               "scenario": args.scenario, "model": args.model, "image_size": args.image_size,
               "batch_size": args.batch_size, "mixed_precision": args.mixed_precision,
-              "per_core": {name: per_core(example, train_set, args)
-                           for name, example in examples.items()}}
+              "per_core": per_core(examples, train_set, args, args.rounds)}
     for name, rate in result["per_core"].items():
         print(f"per core, {name} example: {rate:,.0f} images/s", flush=True)
+    if args.per_core_only:
+        return 0
     trainer = Trainer(args, classes)
     result["device"] = trainer.device.type
     pures = [trainer.pure(classes)]
