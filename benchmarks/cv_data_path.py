@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,21 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--example", type=Path, default=REPO / "examples" / "cv_example.py")
     parser.add_argument("--old", type=Path, help="another version of the example, measured as it "
                         "builds its loader, beside the current one")
-    parser.add_argument("--scenario", choices=("demo", "photos"), default="demo")
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--image_size", type=int, help="default: 64 (demo), 224 (photos)")
-    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
-    parser.add_argument("--cpu", action="store_true", help="even when a GPU is there")
-    parser.add_argument("--images", type=int, help="how many: default all 1,797 digits (demo); "
-                        "8000 photos on a GPU, 240 on the CPU (photos)")
+    cv_throughput.add_job_arguments(parser)
     parser.add_argument("--epochs", type=int, default=3, help="of each variant")
     parser.add_argument("--per_core_images", type=int, default=300, help="of each round")
     parser.add_argument("--rounds", type=int, default=5, help="of the per-core turns")
     parser.add_argument("--per_core_only", action="store_true", help="no training")
     parser.add_argument("--only", help="comma-separated variant names (default: all)")
-    parser.add_argument("--data_root", type=Path,
-                        default=Path(tempfile.gettempdir()) / "cv_throughput_data")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
