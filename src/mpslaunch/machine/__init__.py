@@ -12,6 +12,7 @@ from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, 
                                        plain_address, with_addresses, with_own_name)
 
 __getattr__ = lazy_names(__name__, {
-    "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "cache_dir", "run_torch_check"),
+    "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "cache_dir", "is_torchs_own",
+                    "run_torch_check"),
     "power": ("CAFFEINATE",),
 })
