@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,43 @@ def test_a_long_line_without_a_newline_reaches_the_console_as_it_comes(tmp_path,
     assert all(len(piece) <= MAX_HELD + len(" end") for piece in shown)
     if then == "the-line-ends":
         assert "".join(shown) == "x" * LONG_LINE + " end"
+
+
+# Each rank writes MB megabytes to stdout in 1 MB writes, without a single newline (argv[1] = MB).
+WRITES_MEGABYTES = """
+import sys
+for _ in range(int(sys.argv[1])):
+    sys.stdout.write("x" * 1_000_000)
+sys.stdout.flush()
+"""
+
+
+def launcher_peak_mb(*args: str, marker: str) -> float:
+    """The launcher's own peak resident memory (VmHWM), read until it exits; its console is
+    /dev/null."""
+    launcher = subprocess.Popen([*MPSLAUNCH, *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=run_env(marker))
+    peak = 0
+    while launcher.poll() is None:
+        try:
+            status = Path(f"/proc/{launcher.pid}/status").read_text()
+        except OSError:
+            break
+        peak = max([peak] + [int(line.split()[1]) for line in status.splitlines()
+                             if line.startswith("VmHWM:")])
+        time.sleep(0.02)
+    assert launcher.wait(timeout=120) == 0, launcher.stderr.read()[-2000:]
+    return peak / 1024
+
+
+def test_two_ranks_writing_100_mb_without_a_newline_leave_the_launchers_memory_bounded(
+        tmp_path, marker):
+    """torch's tailer reads in pieces of MAX_HELD for the run, so what the ranks write without a
+    newline never sits in the launcher whole: its peak is that of a run writing 1 MB."""
+    script = write_script(tmp_path, "megabytes.py", WRITES_MEGABYTES)
+    small = launcher_peak_mb("launch", "-q", *TWO_CPU_RANKS, str(script), "1", marker=marker)
+    large = launcher_peak_mb("launch", "-q", *TWO_CPU_RANKS, str(script), "100", marker=marker)
+    assert large - small < 100, (small, large)  # whole reads: 2 x 100 MB and copies of them
 
 
 # ---------------------------------------------------------------- --log_dir on a full disk

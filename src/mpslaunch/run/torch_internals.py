@@ -18,7 +18,11 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
   before, where the store without libuv takes it;
-- ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run.
+- ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run;
+- torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
+  file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
+  that much (and its copies) in the launcher at once. For the run it reads at most a given
+  number of characters at a time (`tails_in_pieces`), so the console wrapper's bound holds.
 
 The grace period when a rank fails: the other ranks get --grace_period to stop, not torch's 30 s.
 When a rank fails (or before a restart), torch's agent stops the other ranks through its
@@ -33,9 +37,11 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
 import re
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -150,6 +156,40 @@ class _SignalsLetThrough:
         if signum in self.allowed and threading.current_thread() is threading.main_thread():
             return signal.signal(signum, handler)
         return signal.getsignal(signum)
+
+
+@contextmanager
+def tails_in_pieces(limit: int) -> Iterator[None]:
+    """While it lasts, torch's tailer copies each rank's file in reads of at most `limit`
+    characters (a line longer than that reaches the console in pieces)."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    original = tail_log.tail_logfile
+    tail_log.tail_logfile = lambda *args, **named: _tail_in_pieces(limit, *args, **named)
+    try:
+        yield
+    finally:
+        tail_log.tail_logfile = original
+
+
+def _tail_in_pieces(limit: int, header: str, file: str, dst, finished: threading.Event,
+                    interval_sec: float, log_line_filter: Callable[[str], bool] | None = None):
+    """What torch's tail_logfile does (wait for the file, copy it to `dst` behind `header` until
+    `finished` is set and its end is reached), reading at most `limit` characters at a time."""
+    while not os.path.exists(file):
+        if finished.is_set():
+            return
+        time.sleep(interval_sec)
+    with open(file, errors="replace") as stream:
+        while True:
+            piece = stream.readline(limit)
+            if piece:
+                if log_line_filter is None or log_line_filter(piece):
+                    dst.write(header + piece)
+            elif finished.is_set():
+                return
+            else:
+                time.sleep(interval_sec)
 
 
 def serve_store(own: str, port: int, descriptor: int):
