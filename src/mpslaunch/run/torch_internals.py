@@ -13,7 +13,10 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   thread, as newer torch does (`torch_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
 - PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
-  ended, as torch before 2.10 reports only the ranks that failed before the stop;
+  ended, as torch before 2.10 reports only the ranks that failed before the stop, and closes the
+  log files each rank's SubprocessHandler opened (`_stdout`, `_stderr`): torch closes them only
+  for a rank it signals, and leaves those of ranks that ended by themselves to the garbage
+  collector (a ResourceWarning each, an error under PYTHONWARNINGS=error);
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
@@ -237,6 +240,7 @@ def graceful_stops(grace_seconds: float) -> Iterator[RankStops]:
         running = _running(context)
         original(context, death_sig=death_sig, timeout=grace_seconds)
         stops.stopped.update({rank: process.wait() for rank, process in running.items()})
+        _close_rank_files(context)
 
     PContext.close = close
     stops.followed = True
@@ -252,6 +256,16 @@ def _takes_a_timeout(context_class) -> bool:
         return {"death_sig", "timeout"} <= set(inspect.signature(close).parameters)
     except (TypeError, ValueError):
         return False
+
+
+def _close_rank_files(context) -> None:
+    """The files torch's handlers opened for the ranks' output, closed (again, for those it
+    closed itself); the ranks have their own descriptors."""
+    for handler in (getattr(context, "subprocess_handlers", None) or {}).values():
+        for name in ("_stdout", "_stderr"):
+            stream = getattr(handler, name, None)
+            if stream is not None:
+                stream.close()
 
 
 def _running(context) -> dict:
