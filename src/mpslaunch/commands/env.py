@@ -17,7 +17,7 @@ from typing import Any
 
 from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
-from mpslaunch.output import MpslaunchError
+from mpslaunch.output import MpslaunchError, one_line
 from mpslaunch.machine import CHECK_TIMEOUT_SECONDS, Machine, is_torchs_own, run_torch_check
 from mpslaunch.launcher import prepare
 from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
@@ -201,7 +201,8 @@ def as_markdown(facts: dict[str, Any]) -> str:
     if facts.get("accelerate_default_config"):
         lines.append(f"- Accelerate default config: {facts['accelerate_default_config']}")
     lines.append("```")
-    return "\n".join(_no_fence(line) if 0 < i < len(lines) - 1 else line for i, line in enumerate(lines))
+    return "\n".join(_no_fence(one_line(line)) if 0 < i < len(lines) - 1 else line
+                     for i, line in enumerate(lines))
 
 
 def _text(value: Any) -> str:
@@ -213,5 +214,6 @@ def _text(value: Any) -> str:
 
 
 def _no_fence(line: str) -> str:
-    """A ``` inside a value (an error message, a variable) would end the block early."""
+    """A ``` inside a value (an error message, a variable) would end the block early, as a
+    newline in one would start a line of its own (one_line escapes it)."""
     return re.sub(r"`{3,}", lambda found: "'" * len(found.group(0)), line)
