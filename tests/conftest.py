@@ -192,6 +192,23 @@ def small_disk(folder: Path, size: str):
         subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
 
+@contextmanager
+def read_only_disk(folder: Path):
+    """A tmpfs mounted read-only on the new `folder` (EROFS on every write, even root's),
+    unmounted at the end. It needs root; elsewhere the test skips with the reason."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
+
+
 # Accelerate's own config writers, for the tests of its files (settings/ and commands/).
 
 
