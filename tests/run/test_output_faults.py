@@ -9,6 +9,7 @@ Real runs through the CLI; a full disk is a real 1 MiB tmpfs (root only).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -149,6 +150,52 @@ def test_two_ranks_writing_100_mb_without_a_newline_leave_the_launchers_memory_b
     small = launcher_peak_mb("launch", "-q", *TWO_CPU_RANKS, str(script), "1", marker=marker)
     large = launcher_peak_mb("launch", "-q", *TWO_CPU_RANKS, str(script), "100", marker=marker)
     assert large - small < 100, (small, large)  # whole reads: 2 x 100 MB and copies of them
+
+
+# ---------------------------------------------------------------- a helper holding the output
+
+# The script leaves a helper in a session of its own, with an environment of its own (so nothing
+# finds it), holding stdout and stderr until <argv[1]> exists; then it says it trained and ends.
+LEAVES_A_HELPER_ON_ITS_OUTPUT = """
+import subprocess, sys
+waits = "import os, sys, time\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+subprocess.Popen([sys.executable, "-c", waits, sys.argv[1]], start_new_session=True, env={})
+print("trained")
+"""
+
+
+def test_with_log_dir_the_copying_ends_with_the_script_though_a_helper_holds_its_output(tmp_path):
+    """In-process: once the script has ended, Tee.finish copies what it wrote and the copying
+    stops; it never waits for the helper to close the pipes."""
+    from mpslaunch.run.tee import Tee
+
+    script = write_script(tmp_path, "helper.py", LEAVES_A_HELPER_ON_ITS_OUTPUT)
+    tee = Tee(str(tmp_path / "logs"))
+    child = subprocess.Popen([sys.executable, str(script), str(tmp_path / "go")],
+                             env={**os.environ, **tee.environment}, **tee.popen_streams)
+    try:
+        tee.start(child)
+        assert child.wait(timeout=60) == 0
+        tee.finish()
+        assert not any(copy.is_alive() for copy in tee.copies)  # the helper still holds the pipes
+        assert (tee.folder / "stdout.log").read_text() == "trained\n"
+    finally:
+        (tmp_path / "go").write_text("go\n")
+
+
+def test_with_log_dir_the_launch_ends_with_the_script_though_a_helper_holds_its_output(
+        tmp_path, marker):
+    script = write_script(tmp_path, "helper.py", LEAVES_A_HELPER_ON_ITS_OUTPUT)
+    try:
+        ran = subprocess.run([*MPSLAUNCH, "launch", "--cpu", "--log_dir", str(tmp_path / "logs"),
+                              str(script), str(tmp_path / "go")], capture_output=True, text=True,
+                             timeout=60, env=run_env(marker))
+    finally:
+        (tmp_path / "go").write_text("go\n")  # the helper ends only after the launcher did
+    assert ran.returncode == 0 and ran.stdout == "trained\n", ran.stderr
+    (folder,) = (tmp_path / "logs").iterdir()
+    assert (folder / "stdout.log").read_text() == "trained\n"
+    assert ran.stderr.strip().splitlines()[-1].startswith("mpslaunch: ended after ")
 
 
 # ---------------------------------------------------------------- --log_dir on a full disk
