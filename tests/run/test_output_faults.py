@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import file_line, small_disk as mounted_small_disk, write_script
+from conftest import file_line, read_only_disk, small_disk as mounted_small_disk, write_script
 from mpslaunch.run.torchrun.console import MAX_HELD
 from test_faults import marker, one_line_error, run_env  # noqa: F401 (fixture)
 
@@ -315,3 +315,18 @@ def test_a_log_dir_that_cannot_be_a_folder_is_one_line(tmp_path, processes, wher
     line = one_line_error(result)
     assert where in line and "--log_dir" in line
     assert "ran" not in result.stdout
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_log_dir_on_a_read_only_disk_says_so(tmp_path, processes):
+    """A read-only tmpfs (root only): the system's own reason, not "Permission denied"."""
+    script = write_script(tmp_path, "train.py", "print('trained')\n")
+    with read_only_disk(tmp_path / "ro") as place:
+        for log_dir in (place, place / "logs"):
+            for dry_run in ((), ("--dry_run",)):
+                refused = subprocess.run(
+                    [*MPSLAUNCH, "launch", "--cpu", *dry_run, "--num_processes", processes,
+                     "--log_dir", str(log_dir), str(script)], capture_output=True, text=True,
+                    timeout=60)
+                line = one_line_error(refused)
+                assert f"cannot write the output to {log_dir}: Read-only file system" in line, line
