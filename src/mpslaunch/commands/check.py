@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import DEVICES, add_option, add_table_options
+from mpslaunch.settings import DEVICES, add_option, add_table_options, folder_main
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
     from mpslaunch.check import Target
@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "the plan's; with --device, one machine is described)")
     add_option(parser, "--json", action="store_true", help="print the findings as JSON")
     add_table_options(parser, "profile", "config_file")
-    parser.add_argument("script", help="the training script (a .py file)")
+    parser.add_argument("script", help="the training script (a .py file, or a folder with a "
+                                        "__main__.py)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -51,8 +52,8 @@ def main(args: argparse.Namespace) -> int:
     from mpslaunch.check import Interrupted, as_json, as_text, check_script
 
     target = target_from_args(args)
-    try:
-        report = check_script(Path(args.script), target)
+    try:  # a folder: the __main__.py python runs for it
+        report = check_script(Path(folder_main(args.script) or args.script), target)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted while checking {args.script}") from None
     print(as_json(report) if args.json else as_text(report))
