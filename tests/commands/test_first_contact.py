@@ -130,3 +130,43 @@ def test_a_profile_for_a_mac_can_be_written_from_linux_under_its_own_name(tmp_pa
                                   config_dir=tmp_path / "config"))
     assert "--device mps asks for mps" in line and "--config_file" in line, line
     assert not (tmp_path / "config" / "default.yaml").exists()
+
+
+def test_a_mistyped_profile_name_suggests_the_profile_that_exists(tmp_path):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "asked.yaml").write_text("device: cpu\n")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    line = one_line_error(run_cli("launch", "--profile", "asekd", "train.py", cwd=tmp_path,
+                                  config_dir=config))
+    assert f"no profile at {config / 'asekd.yaml'}; did you mean --profile asked?" in line, line
+    assert "(or make this one with `mpslaunch config --profile asekd`)" in line
+    line = one_line_error(run_cli("launch", "--profile", "gpu8", "train.py", cwd=tmp_path,
+                                  config_dir=config))
+    assert line.endswith("make one with `mpslaunch config --profile gpu8`"), line
+    line = one_line_error(run_cli("launch", "--config_file", "ask.yml", "train.py", cwd=tmp_path))
+    assert line.endswith("make one with `mpslaunch config --config_file ask.yml`"), line
+
+
+def test_a_hand_written_profile_with_two_misspelled_keys_names_both_in_one_line(tmp_path):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text("devise: cpu\nmixed_precison: bf16\nnum_processes: 1\n")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    line = one_line_error(run_cli("launch", "--config_file", str(profile), "train.py", cwd=tmp_path))
+    assert ("line 1: unknown key 'devise' (did you mean 'device'?); line 2: unknown key "
+            "'mixed_precison' (did you mean 'mixed_precision'?)") in line, line
+
+
+@pytest.mark.parametrize("written, said", [
+    ("main_process_port: 8:20", "main_process_port is written 8:20, which YAML reads as the "
+     "base-60 number 500; write the number itself"),
+    ("max_restarts: 99999999999999999999", "max_restarts must be at most 10,000"),
+])
+def test_a_number_yaml_reads_otherwise_or_far_too_large_is_refused_in_one_line(tmp_path, written,
+                                                                                said):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text(f"device: cpu\nnum_processes: 2\nrdzv_backend: c10d\n{written}\n")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    for dry_run in ((), ("--dry_run",)):
+        result = run_cli("launch", *dry_run, "--config_file", str(profile), "train.py", cwd=tmp_path)
+        assert said in one_line_error(result) and result.stdout == ""

@@ -101,3 +101,21 @@ def denied_at(shown: str) -> str:
         if not os.access(folder, os.X_OK):
             return f"the folder {folder} cannot be searched by this user; see `ls -ld {folder}`"
     return f"this user cannot read the file; see `ls -l {shown}`"
+
+
+def missing_profile(path, config_folder: str) -> str:
+    """No profile at `path` (a pathlib.Path): the nearest profile beside it, else how to make
+    this one. In `config_folder` it is a --profile NAME."""
+    import difflib
+
+    named = os.path.realpath(path.parent) == os.path.realpath(config_folder)
+    try:
+        beside = sorted(found.stem for found in path.parent.glob("*.yaml"))
+    except OSError:
+        beside = []
+    close = difflib.get_close_matches(path.stem, beside, n=1)
+    make = f"`mpslaunch config {'--profile ' + path.stem if named else f'--config_file {path}'}`"
+    if not close:
+        return f"no profile at {path}; make one with {make}"
+    near = f"--profile {close[0]}" if named else str(path.with_name(f"{close[0]}.yaml"))
+    return f"no profile at {path}; did you mean {near}? (or make this one with {make})"
