@@ -170,3 +170,22 @@ def test_a_number_yaml_reads_otherwise_or_far_too_large_is_refused_in_one_line(t
     for dry_run in ((), ("--dry_run",)):
         result = run_cli("launch", *dry_run, "--config_file", str(profile), "train.py", cwd=tmp_path)
         assert said in one_line_error(result) and result.stdout == ""
+
+
+def test_a_mac_profile_written_on_linux_has_the_mac_keys_and_checks_a_script_for_a_mac(tmp_path):
+    """`check` reads a script for the plan the profile names; it needs no machine of that kind."""
+    mac = tmp_path / "mac.yaml"
+    assert run_cli("config", "--default", "--device", "mps", "--config_file", str(mac)).returncode == 0
+    written = profile_files.load(mac)
+    assert {"mps_fallback:", "mps_memory_cap:", "keep_awake:"} <= set(
+        line.split(" ")[0] for line in mac.read_text().splitlines())
+    assert written.device == "mps" and written.mps_fallback and written.keep_awake
+    write_script(tmp_path, "train.py", "import torch\nx = torch.zeros(1).cuda()\n")
+    checked = run_cli("check", "--config_file", str(mac), "train.py", cwd=tmp_path)
+    assert checked.returncode == 1, checked.stderr
+    assert checked.stdout.startswith("train.py:2: .cuda() fails on a Mac, where torch has no CUDA")
+    assert checked.stdout.strip().splitlines()[-1] == "1 finding for mps, 1 process, on macOS"
+    two = tmp_path / "two.yaml"
+    two.write_text("device: mps\nnum_processes: 2\n")
+    line = one_line_error(run_cli("check", "--config_file", str(two), "train.py", cwd=tmp_path))
+    assert "asks for mps with 2 processes, but mps runs one process" in line, line
