@@ -20,7 +20,15 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
-  before, where the store without libuv takes it;
+  before, where the store without libuv takes it. On torch 2.5 the store without libuv names
+  each connecting address through a reverse lookup, and where that lookup fails (an address
+  without a name in /etc/hosts, DNS unreachable) its thread throws "failed to format addr,
+  unknown family=0" and the process aborts (SIGABRT); 2.4 and 2.6 do not. There, a store other
+  machines reach is the libuv store, which takes no socket and listens on every interface
+  (`bound_store`); one on the loopback keeps its socket (127.0.0.1 is named in /etc/hosts);
+- with c10d, torch 2.5's agent hands the ranks the rendezvous store itself; 2.4 (rank 0's
+  process) and 2.6 and later (the agent) serve the ranks a store of their own, on a free port,
+  on every interface (`c10d_ranks_share_the_rendezvous_store`);
 - ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run;
 - torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
   file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
@@ -51,6 +59,8 @@ from typing import Callable, Iterator
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
+NAMELESS_PEER_ABORTS = ((2, 5, 0), (2, 6, 0))  # releases [from, to) whose store without libuv
+# aborts at a connection from an address without a name (checked: 2.4.1 no, 2.5.1 yes, 2.6.0 no)
 TORCHS_STOPPING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what PContext.start takes
 
 
@@ -64,6 +74,23 @@ def release(version: str) -> tuple[int, int, int] | None:
 def libuv_takes_a_listening_socket(version: str) -> bool:
     known = release(version)
     return known is not None and known >= LIBUV_TAKES_A_LISTENING_SOCKET
+
+
+def _in_torch_2_5(version: str) -> bool:
+    known = release(version)
+    return known is not None and NAMELESS_PEER_ABORTS[0] <= known < NAMELESS_PEER_ABORTS[1]
+
+
+def bound_store(version: str, address: str) -> bool:
+    """Whether the store for `address` is served on a socket the launcher binds to that address
+    alone; False: torch's libuv store on every interface (torch 2.5, other machines' address)."""
+    from mpslaunch.machine import is_loopback
+
+    return not _in_torch_2_5(version) or is_loopback(address)
+
+
+def c10d_ranks_share_the_rendezvous_store(version: str) -> bool:
+    return _in_torch_2_5(version)
 
 
 def missing() -> list[str]:
@@ -195,12 +222,16 @@ def _tail_in_pieces(limit: int, header: str, file: str, dst, finished: threading
                 time.sleep(interval_sec)
 
 
-def serve_store(own: str, port: int, descriptor: int):
-    """A rendezvous store served on the listening socket `descriptor` (bound to `port`); its own
-    client connects to `own`. torch's rendezvous on this port then finds this store."""
+def serve_store(own: str, port: int, descriptor: int | None):
+    """A rendezvous store served on the listening socket `descriptor` (bound to `port`), or with
+    None torch's libuv store listening on `port` itself (every interface); its own client
+    connects to `own`. torch's rendezvous on this port then finds this store."""
     import torch
     from torch.distributed import TCPStore
 
+    if descriptor is None:
+        return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
+                        multi_tenant=True, use_libuv=True)
     return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
                     multi_tenant=True, master_listen_fd=descriptor,
                     use_libuv=libuv_takes_a_listening_socket(torch.__version__))
