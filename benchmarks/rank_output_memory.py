@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mpslaunch.machine import peak_resident_bytes
+
 SCRIPT = """
 import sys
 end = sys.argv[1]
@@ -33,14 +35,9 @@ def peak_mb(src: str | None, script: Path, end: str, mb: int) -> tuple[float, in
     launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env)
     peak = 0
     while launcher.poll() is None:
-        try:
-            status = Path(f"/proc/{launcher.pid}/status").read_text()
-        except OSError:
-            break
-        peak = max([peak] + [int(line.split()[1]) for line in status.splitlines()
-                             if line.startswith("VmHWM:")])
+        peak = max(peak, peak_resident_bytes(launcher.pid) or 0)
         time.sleep(0.05)
-    return peak / 1024, launcher.wait()
+    return peak / 2**20, launcher.wait()
 
 
 def main() -> None:

@@ -127,19 +127,16 @@ sys.stdout.flush()
 def launcher_peak_mb(*args: str, marker: str) -> float:
     """The launcher's own peak resident memory (VmHWM), read until it exits; its console is
     /dev/null."""
+    from mpslaunch.machine import peak_resident_bytes
+
     launcher = subprocess.Popen([*MPSLAUNCH, *args], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=run_env(marker))
     peak = 0
     while launcher.poll() is None:
-        try:
-            status = Path(f"/proc/{launcher.pid}/status").read_text()
-        except OSError:
-            break
-        peak = max([peak] + [int(line.split()[1]) for line in status.splitlines()
-                             if line.startswith("VmHWM:")])
+        peak = max(peak, peak_resident_bytes(launcher.pid) or 0)
         time.sleep(0.02)
     assert launcher.wait(timeout=120) == 0, launcher.stderr.read()[-2000:]
-    return peak / 1024
+    return peak / 2**20
 
 
 def test_two_ranks_writing_100_mb_without_a_newline_leave_the_launchers_memory_bounded(
