@@ -1,6 +1,7 @@
 """What the several-process path takes from torch beyond its public API, in one place, so that
-what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.8.0 and
-2.14.1 (tests/compat); `missing()` names what the installed torch lacks.
+what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.5.1, 2.8.0
+and 2.14.1 (tests/compat), the store's reverse lookups also on 2.6.0; `missing()` names what the
+installed torch lacks.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
