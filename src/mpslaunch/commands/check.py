@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
 
 def target_from_args(args: argparse.Namespace) -> Target:
     if args.device not in (None, "auto"):
-        return _described(args.device, args.num_processes or 1, "--device mps")
+        return _described(args.device, args.num_processes or 1, f"--device {args.device}")
     from mpslaunch import launcher
     from mpslaunch.check import Target
     from mpslaunch.settings import LaunchRequest, profile_files
