@@ -116,6 +116,8 @@ def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
         cells = notebook_code(_shown(path), data, ScriptError)
         return SourceFile(path, _shown(path), cells.text, parse(path, cells.text), is_script,
                           wanted_lines(cells.text), digest=digest, cells=cells)
+    if is_script:
+        _refuse_what_is_not_source(path, data)
     text = _decode(path, data)
     wanted = wanted_lines(text)
     if not whole and (has_main_guard_text(text) or not is_script):
@@ -154,6 +156,22 @@ def _read_bytes(path: Path, most: int) -> bytes:
             return file.read(most + 1)
     except OSError as error:
         raise ScriptError(unreadable(_shown(path), error)) from None
+
+
+def _refuse_what_is_not_source(path: Path, data: bytes) -> None:
+    """Files python runs that hold no source to read: bytecode, and a zip archive (python runs
+    the __main__.py in it)."""
+    import importlib.util
+
+    if path.suffix == ".pyc" or data.startswith(importlib.util.MAGIC_NUMBER):
+        raise ScriptError(f"{_shown(path)} is compiled Python (bytecode): python runs it, but the "
+                          "check reads source; check the .py file it was compiled from")
+    if b"PK\x05\x06" in data[-65_600:]:  # a zip's last record, within its comment's reach
+        import zipfile
+
+        if zipfile.is_zipfile(io.BytesIO(data)):
+            raise ScriptError(f"{_shown(path)} is a zip archive: python runs the __main__.py in "
+                              "it, but the check reads source files; check that __main__.py")
 
 
 def _decode(path: Path, data: bytes) -> str:

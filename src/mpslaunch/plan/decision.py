@@ -103,7 +103,7 @@ class LaunchPlan(Decision):
         if self.removed:
             line += f"; removed from the script's environment ({REMOVED_WHY}): " + ", ".join(
                 f"{key}={value}" for key, value in sorted(self.removed.items()))
-        return line
+        return one_line(line)  # a folder or a value with a newline must not start a line
 
     def describe(self) -> str:
         """What --dry_run prints: the plan, the command and the variables it adds."""
@@ -134,7 +134,7 @@ class LaunchPlan(Decision):
                          "stdout.log and stderr.log")
         lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
-        return "\n".join(lines)
+        return "\n".join(map(one_line, lines))
 
 
 def _processes_text(settings: Settings, one_per_gpu: bool) -> str:
