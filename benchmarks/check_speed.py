@@ -193,7 +193,7 @@ def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
     text = script.read_text()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-cache-"))
     sources = read_sources(script, whole=False)
-    cache.save(script, target, sources, check_sources(sources, target), folder)
+    cache.save(script, target, sources.read, sources.absent, check_sources(sources, target), folder)
     times = {
         "ast.parse alone": median_ms(lambda: ast.parse(text), runs),
         "mpslaunch check (whole file)": median_ms(lambda: check_script(script, target), runs),

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from mpslaunch.check import cache
-from mpslaunch.check.selection import (has_main_guard_text, import_lines, selected_source,
+from mpslaunch.check.fingerprint import digest as digest_of
+from mpslaunch.check.selection import (folded, has_main_guard_text, import_lines, selected_source,
                                       wanted_lines)
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import current_folder, open_regular, unreadable
@@ -62,9 +62,15 @@ class SourceFile:
     cells: NotebookCode | None = None  # a notebook's: which cell each line of `text` is from
 
     @cached_property
+    def words(self) -> str:
+        """The text with identifiers as Python reads them (selection.folded): what the
+        searches of the text see."""
+        return folded(self.text)
+
+    @cached_property
     def imports(self) -> tuple[ast.stmt, ...]:
         """Its import statements, wherever they are (found through the lines that spell them)."""
-        lines = import_lines(self.text)
+        lines = import_lines(self.words)
         return tuple(node for node in statements(self.tree.body, lines)
                      if isinstance(node, (ast.Import, ast.ImportFrom)))
 
@@ -74,6 +80,11 @@ class Sources:
     files: tuple[SourceFile, ...]
     skipped: tuple[str, ...]  # one line per local module, or notebook cell, that was not read
     absent: tuple[str, ...] = ()  # module files looked for and missing (a folder ends with /)
+
+    @property
+    def read(self) -> list[tuple[str, str]]:
+        """(real path, digest) of each file read."""
+        return [(os.path.realpath(source.path), source.digest) for source in self.files]
 
 
 def read_sources(script: Path, whole: bool = True) -> Sources:
@@ -109,17 +120,18 @@ def _real(path: Path) -> str:
 def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
     notebook = is_script and path.suffix == ".ipynb"
     data = _read_bytes(path, MAX_NOTEBOOK_BYTES if notebook else MAX_FILE_BYTES)
-    digest = cache.digest(data)  # what the kept findings are checked against
+    digest = digest_of(data)  # what the kept findings are checked against
     if notebook:
         from mpslaunch.check.notebook import notebook_code  # only for a notebook
 
         cells = notebook_code(_shown(path), data, ScriptError)
         return SourceFile(path, _shown(path), cells.text, parse(path, cells.text), is_script,
-                          wanted_lines(cells.text), digest=digest, cells=cells)
+                          wanted_lines(folded(cells.text)), digest=digest, cells=cells)
     text = _decode(path, data)
-    wanted = wanted_lines(text)
-    if not whole and (has_main_guard_text(text) or not is_script):
-        selected, left_out = selected_source(text, wanted)
+    words = folded(text)
+    wanted = wanted_lines(words)
+    if not whole and (has_main_guard_text(words) or not is_script):
+        selected, left_out = selected_source(text, words, wanted)
         try:
             tree = ast.parse(selected, filename=str(path))
             return SourceFile(path, _shown(path), text, tree, is_script, wanted, tuple(left_out), digest)

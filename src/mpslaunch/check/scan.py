@@ -1,7 +1,7 @@
 """What the code says, before any rule looks at it: imports, scopes, and the place of each call.
 
-`prepare(files)` reads each file's imports; `scan(project, rules)` walks the files (walk.py)
-and hands each call that can run on the plan to the rules, with its place. `Where` tells the
+`prepare(files)` reads each file's imports; the walk (walk.py) then hands each call that can
+run on the plan to the rules, with its place. `Where` tells the
 rules what they need about that place: whether a device test whose answer is unknown stands
 around it, what a try around it catches, whether it runs when a spawned worker imports the
 script again, and the scope that names resolve in.
@@ -68,12 +68,12 @@ class FileFacts:
     def device_names(self) -> frozenset[str]:
         """Names some line binds to an expression that mentions the device: the only names
         whose binding can make a condition a device test (the others are not looked up)."""
-        return frozenset(_DEVICE_BINDING.findall(self.source.text))
+        return frozenset(_DEVICE_BINDING.findall(self.source.words))
 
     @cached_property
     def cuda_names(self) -> frozenset[str]:
         """Names some line binds to an expression that mentions cuda (`loc = f"cuda:{rank}"`)."""
-        return frozenset(_CUDA_BINDING.findall(self.source.text))
+        return frozenset(_CUDA_BINDING.findall(self.source.words))
 
     @cached_property
     def option_calls(self) -> list[ast.Call]:
@@ -110,7 +110,7 @@ class FileFacts:
 
     def _nodes_on(self, pattern: re.Pattern) -> Iterable[ast.AST]:
         """The nodes of the simple statements on the lines that match pattern."""
-        lines = line_numbers(self.source.text, pattern)
+        lines = line_numbers(self.source.words, pattern)
         for statement in statements(self.source.tree.body, lines):
             if not hasattr(statement, "body"):
                 yield from ast.walk(statement)
@@ -202,7 +202,7 @@ class Project:
 
     @cached_property
     def _words(self) -> Counter:
-        return Counter(word for facts in self.facts for word in _WORD.findall(facts.source.text))
+        return Counter(word for facts in self.facts for word in _WORD.findall(facts.source.words))
 
     def is_named(self, name: str) -> bool:
         """Whether `name` appears anywhere besides its own definition (a call, a reference, an
@@ -212,20 +212,12 @@ class Project:
     @cached_property
     def mentions_mps(self) -> bool:
         """Whether any file read chooses mps itself somewhere."""
-        return any(re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.text)
+        return any(re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.words)
                    for facts in self.facts)
 
 
 def prepare(files: Iterable[SourceFile]) -> Project:
     return Project(tuple(_read_facts(source) for source in files))
-
-
-def scan(project: Project, rules) -> None:
-    """Hand each call in the project's files that can run on the plan to the rules."""
-    from mpslaunch.check.walk import walk_file
-
-    for facts in project.facts:
-        walk_file(facts, project, rules)
 
 
 def _read_facts(source: SourceFile) -> FileFacts:
@@ -243,7 +235,7 @@ def _read_facts(source: SourceFile) -> FileFacts:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     if "torch" not in aliases and any(name.endswith(".*") for name in aliases.values()):
         aliases["torch"] = "torch"  # `from utils import *` of a module that imports torch
-    text = source.text
+    text = source.words
     method = _START_METHOD.search(text)
     return FileFacts(source, aliases, method.group(1) if method else None,
                      any(name.split(".")[0] == "accelerate" for name in aliases.values()),

@@ -17,10 +17,11 @@ from mpslaunch.check.scan import DEFINITION_NODES, FUNCTION_NODES, FileFacts, Pr
 from mpslaunch.check.values import UNKNOWN
 
 
-def walk_file(facts: FileFacts, project: Project, rules) -> None:
-    """Hand each call of the file that can run to rules.call, and each if and conditional
-    expression to rules.branch, with their place."""
-    _Walker(facts, project, rules).run()
+def walk_project(project: Project, rules) -> None:
+    """Hand each call of the project's files that can run to rules.call, and each if and
+    conditional expression to rules.branch, with their place."""
+    for facts in project.facts:
+        _Walker(facts, project, rules).run()
 
 
 # ---------------------------------------------------------------- the main guard

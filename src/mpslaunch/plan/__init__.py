@@ -6,6 +6,7 @@ Accelerate's launch options). Each refusal is an MpslaunchError that says what t
 cites its fact in docs/mps-facts.md.
 """
 
+from mpslaunch.plan.child import Seen, seen_by_the_script
 from mpslaunch.plan.decision import (Decision, LaunchPlan, apply_flags, decide, decide_settings,
                                      for_target, mps_verdict_text, resolve, with_flags)
 from mpslaunch.plan.device import (choose_device, cuda_problem, dynamo_problem, mps_minimum_macos,

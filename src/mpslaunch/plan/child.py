@@ -6,7 +6,7 @@ notes for Accelerate's own launch options. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
@@ -74,8 +74,45 @@ REMOVED_WHY = "another launcher's; this plan is one process"
 
 
 def other_launchers_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    return {key: value for key, value in environ.items()
-            if key in OTHER_LAUNCHERS_VARIABLES or key.startswith("TORCHELASTIC_")}
+    return {key: value for key, value in environ.items() if is_other_launchers_variable(key)}
+
+
+def is_other_launchers_variable(key: str) -> bool:
+    return key in OTHER_LAUNCHERS_VARIABLES or key.startswith("TORCHELASTIC_")
+
+
+# What torch.distributed.run gives each process it starts (its local elastic agent), and what
+# those values can be with world_size processes in all.
+_TORCHRUN_RANKS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
+_TORCHRUN_SIZES = ("WORLD_SIZE", "ROLE_WORLD_SIZE")
+_TORCHRUN_OTHERS = ("LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                    "TORCHELASTIC_USE_AGENT_STORE")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a script finds in one environment variable under a plan: absent, or present with
+    one of `values` (None: a value the plan does not tell, such as a port)."""
+
+    present: bool
+    values: tuple[str, ...] | None = None
+
+
+def seen_by_the_script(name: str, device: str, world_size: int) -> Seen | None:
+    """The launcher's own variables as the script sees them on a plan of `world_size` processes
+    on `device`; None for a variable the plan does not decide (the user's own environment)."""
+    if name == "MPSLAUNCH_DEVICE":
+        return Seen(True, (device,))
+    if name == "MPSLAUNCH_NUM_PROCESSES":
+        return Seen(True, (str(world_size),))
+    if world_size == 1:  # mpslaunch's own child: another launcher's variables are removed
+        return Seen(False) if is_other_launchers_variable(name) else None
+    if name in _TORCHRUN_RANKS:  # a superset where a machine holds fewer ranks: never wrong
+        return Seen(True, tuple(str(rank) for rank in range(world_size)))
+    if name in _TORCHRUN_SIZES:
+        return Seen(True, (str(world_size),))
+    return Seen(True) if name in _TORCHRUN_OTHERS else None
 
 
 def replaced_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
