@@ -39,7 +39,7 @@ def check_sources(sources: Sources, target: Target) -> Report:
     from mpslaunch.check.walk import walk_project
 
     try:
-        project = prepare(sources.files)
+        project = prepare(sources.files, sources.writers)
         rules = Rules(target, project)
         walk_project(project, rules)
     except (RecursionError, MemoryError):  # an expression nested thousands deep (generated code)

@@ -53,7 +53,7 @@ def _findings(script: Path, target: Target, folder: Path) -> cache.Kept:
 
         sources = read_sources(script, whole=False)
         kept = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target),
-                          folder)
+                          folder, sources.listed)
     return kept
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mpslaunch import __version__
 from mpslaunch.check import registry
-from mpslaunch.check.fingerprint import digest
+from mpslaunch.check.fingerprint import digest, listing
 from mpslaunch.check.report import Finding, Report
 from mpslaunch.check.target import Target
 from mpslaunch.settings import current_folder, open_regular
@@ -49,7 +49,7 @@ def read(script: Path, target: Target, folder: Path) -> Kept | None:
     try:
         with open(open_regular(folder / ENTRIES / _name(wanted)), "rb") as file:
             entry = json.loads(file.read())
-        if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"]):
+        if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"], entry["listed"]):
             return None
         findings = tuple(_finding(item) for item in entry["findings"])
         count = entry["count"]
@@ -61,11 +61,12 @@ def read(script: Path, target: Target, folder: Path) -> Kept | None:
 
 
 def save(script: Path, target: Target, read: list[tuple[str, str]], absent: tuple[str, ...],
-         report: Report, folder: Path) -> Kept:
+         report: Report, folder: Path, listed: tuple[str, str] | None = None) -> Kept:
     """Keep the findings of `report`, made from the files `read` (path, digest) while the files
-    `absent` were not there; returns what is kept."""
+    `absent` were not there (and the folder `listed` held the same scripts); returns what is kept."""
     kept = Kept(report.findings[:SHOWN], len(report.findings))
     entry = {"key": key(script, target), "read": [list(pair) for pair in read], "absent": list(absent),
+             "listed": list(listed) if listed else None,
              "findings": [asdict(finding) for finding in kept.findings], "count": kept.count}
     entries = folder / ENTRIES
     try:
@@ -81,7 +82,7 @@ def _name(wanted: str) -> str:
     return digest(wanted.encode("utf-8", "surrogateescape")) + ".json"
 
 
-def _unchanged(read: list, absent: list) -> bool:
+def _unchanged(read: list, absent: list, listed: list | None) -> bool:
     for path, expected in read:
         try:
             with open(open_regular(path), "rb") as file:
@@ -89,6 +90,10 @@ def _unchanged(read: list, absent: list) -> bool:
                     return False
         except OSError:
             return False
+    if listed is not None:
+        folder, expected = listed
+        if type(folder) is not str or listing(folder) != expected:
+            return False  # a script beside it appeared or went: it may write a file the script loads
     # a folder ends with a separator; a module file that appeared changes what is read
     return not any((os.path.isdir if path.endswith(os.sep) else os.path.isfile)(path) for path in absent)
 

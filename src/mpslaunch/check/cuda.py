@@ -9,22 +9,16 @@ under one whose answer is unknown (walk.py), and never inside a try that catches
 from __future__ import annotations
 
 import ast
-import re
 
 from mpslaunch.check.calls import argument
-from mpslaunch.check.devices import (
-    CUDA_TENSOR,
-    cuda_argument,
-    cuda_text,
-    takes_a_device,
-)
-from mpslaunch.check.registry import implements
+from mpslaunch.check.devices import CUDA_TENSOR, cuda_argument, cuda_text, takes_a_device
+from mpslaunch.check.registry import Check, implements
+from mpslaunch.check.saves import path_forms, saved_forms
 from mpslaunch.check.scan import Where
 
 # torch.cuda functions that need a CUDA device (torch.cuda.manual_seed and the like do not).
 CUDA_CALLS = {"torch.cuda.set_device", "torch.cuda.synchronize", "torch.cuda.current_device",
               "torch.cuda.get_device_name", "torch.cuda.get_device_properties"}
-_LETTER = re.compile(r"[A-Za-z]")
 
 
 @implements("cuda-device")
@@ -36,6 +30,9 @@ def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, quali
         what = ".cuda()"
     elif qualified in CUDA_CALLS or CUDA_TENSOR.match(qualified or ""):
         what = f"{qualified}()"
+    elif qualified == "torch.set_default_tensor_type" and call.args:
+        kind = where.facts.qualified(call.args[0]) or where.value(call.args[0])
+        what = f'torch.set_default_tensor_type("{kind}")' if CUDA_TENSOR.match(str(kind)) else None
     elif qualified in ("torch.device", "torch.set_default_device") or (
             name == "to" and isinstance(call.func, ast.Attribute) and qualified is None):
         shown = qualified if qualified else ".to"
@@ -52,55 +49,35 @@ def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, quali
 
 
 @implements("load-map-location")
-def load(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
-    if qualified != "torch.load" or where.device_unknown or where.catches(("RuntimeError",)):
-        return
-    location = argument(call, 1, "map_location")
-    if location is not None:
-        text = cuda_text(rules, location, where)
-        if text is not None:
-            rules.add(where, call, "load-map-location", "named", text=text)
-        return
-    if any(keyword.arg is None for keyword in call.keywords) or loads_own_file(rules, call, where):
-        return
-    rules.add(where, call, "load-map-location", "missing")
+class Load(Check):
+    """torch.load without map_location, or with one on cuda; not of a file the project writes."""
 
+    def __init__(self, rules, rule):
+        super().__init__(rules, rule)
+        self._saved: set[str] | None = None
 
-def loads_own_file(rules, call: ast.Call, where: Where) -> bool:
-    """Whether torch.load reads a file the script writes itself with torch.save (the same path
-    expression, or the same file name in it): saved here, it loads here."""
-    path = argument(call, 0, "f")
-    if path is None:
-        return False
-    loaded = _path_forms(path, where.scope.lookup)
-    for facts in rules.project.facts:
-        for saved in facts.saved_paths:
-            if loaded & _path_forms(saved, facts.binding):
-                return True
-    return False
+    def call(self, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
+        if qualified != "torch.load" or where.device_unknown or where.catches(("RuntimeError",)):
+            return
+        location = argument(call, 1, "map_location")
+        if location is not None:
+            text = cuda_text(self.rules, location, where)
+            if text is not None:
+                self.rules.add(where, call, "load-map-location", "named", text=text)
+            return
+        if any(keyword.arg is None for keyword in call.keywords) or self.loads_own_file(call, where):
+            return
+        self.rules.add(where, call, "load-map-location", "missing")
 
-
-def _path_forms(path: ast.expr, lookup) -> set[str]:
-    """What identifies the file a path expression names: its text, the text of what a name
-    stands for (`with open(p) as f`: p), and the file names written in it."""
-    forms = {ast.dump(path)}
-    if isinstance(path, ast.Name):
-        bound, _ = lookup(path.id)
-        if isinstance(bound, ast.Call) and getattr(bound.func, "id", None) == "open" and bound.args:
-            bound = bound.args[0]
-        if isinstance(bound, ast.expr):
-            path = bound
-            forms.add(ast.dump(path))
-    forms.update(node.value for node in ast.walk(path)
-                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and file_name(node.value))
-    return forms
-
-
-def file_name(text: str) -> bool:
-    """"ckpt.pt", "saved/%s_%d.pth": enough of a name to tell one file from another (not ".pt")."""
-    if text.startswith(".") and "/" not in text:
-        return False
-    return len(text.strip("./")) >= 4 and _LETTER.search(text) is not None
+    def loads_own_file(self, call: ast.Call, where: Where) -> bool:
+        """Whether torch.load reads a file the project writes itself (saves.py): saved here, it
+        loads here."""
+        path = argument(call, 0, "f")
+        if path is None:
+            return False
+        if self._saved is None:
+            self._saved = saved_forms(self.rules.project)
+        return bool(path_forms(path, where.scope.lookup) & self._saved)
 
 
 # ---------------------------------------------------------------- several processes

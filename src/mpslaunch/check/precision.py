@@ -5,13 +5,7 @@ from __future__ import annotations
 import ast
 
 from mpslaunch.check.calls import argument, called_name, keyword_value, method_chain
-from mpslaunch.check.devices import (
-    AUTOCAST,
-    CUDA_AUTOCAST,
-    CUDA_SCALER,
-    SCALER,
-    moves_to_device,
-)
+from mpslaunch.check.devices import AUTOCAST, CUDA_AUTOCAST, CUDA_SCALER, SCALER, moves_to_device
 from mpslaunch.check.registry import implements
 from mpslaunch.check.scan import FileFacts, Where
 

@@ -15,14 +15,16 @@ import ast
 import bisect
 import io
 import os
+import re
 import tokenize
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from mpslaunch.check.fingerprint import digest as digest_of
-from mpslaunch.check.selection import (folded, has_main_guard_text, import_lines, selected_source,
-                                      wanted_lines)
+from mpslaunch.check.fingerprint import listing
+from mpslaunch.check.selection import (file_name, folded, has_main_guard_text, import_lines,
+                                      selected_source, wanted_lines)
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import current_folder, open_regular, unreadable
 
@@ -35,6 +37,8 @@ MAX_FILE_BYTES = 2_000_000
 MAX_NOTEBOOK_BYTES = 50_000_000  # mostly the outputs (images) kept in it, which are not parsed
 MAX_FILES = 60  # the script and the local modules it imports, in import order
 TOO_DEEP = "it nests expressions too deeply for the check to read; check it by hand"
+MAX_BESIDE = 40  # the scripts beside the script looked at for one that writes a file it loads
+_LOADED = re.compile(r"""\bload\([^\n]*?["']([^"'\n]+)["']""")  # a file name on a load( line
 
 
 class ScriptError(MpslaunchError):
@@ -80,11 +84,15 @@ class Sources:
     files: tuple[SourceFile, ...]
     skipped: tuple[str, ...]  # one line per local module, or notebook cell, that was not read
     absent: tuple[str, ...] = ()  # module files looked for and missing (a folder ends with /)
+    writers: tuple[SourceFile, ...] = ()  # scripts beside it that save a file it loads
+    beside: tuple[tuple[str, str], ...] = ()  # (path, digest) of the others looked at for that
+    listed: tuple[str, str] | None = None  # (folder, fingerprint.listing) when they were looked at
 
     @property
     def read(self) -> list[tuple[str, str]]:
         """(real path, digest) of each file read."""
-        return [(os.path.realpath(source.path), source.digest) for source in self.files]
+        return [*((os.path.realpath(source.path), source.digest) for source in (*self.files, *self.writers)),
+                *self.beside]
 
 
 def read_sources(script: Path, whole: bool = True) -> Sources:
@@ -110,7 +118,38 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
-    return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
+    loaded = {name for source in files for name in _LOADED.findall(source.words) if file_name(name)}
+    if not loaded:
+        return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
+    writers, beside = _writers(folder, seen, loaded)
+    return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)), writers, beside,
+                   (str(folder), listing(str(folder))))
+
+
+def _writers(folder: Path, seen: set[str], loaded: set[str]) -> tuple[tuple[SourceFile, ...], tuple]:
+    """The scripts beside the script (not read as its modules) that torch.save one of the file
+    names it loads, parsed, and (path, digest) of the others looked at."""
+    try:
+        names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))[:MAX_BESIDE]
+    except OSError:
+        return (), ()
+    writers, beside = [], []
+    for name in names:
+        path = folder / name
+        if _real(path) in seen:
+            continue
+        try:
+            data = _read_bytes(path, MAX_FILE_BYTES)
+            if b"save(" in data and any(f"{quote}{file}{quote}".encode() in data
+                                        for file in loaded for quote in "\"'"):
+                text = _decode(path, data)
+                writers.append(SourceFile(path, _shown(path), text, parse(path, text), True,
+                                          wanted_lines(folded(text)), digest=digest_of(data)))
+            else:
+                beside.append((_real(path), digest_of(data)))
+        except ScriptError:
+            continue  # not one Python can run either
+    return tuple(writers), tuple(beside)
 
 
 def _real(path: Path) -> str:

@@ -31,6 +31,9 @@ _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)
 # `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
 _DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
 _CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
+# What may stop a block: an exit, a return, an assert, a division by a device count, a variable read
+_STOPS = re.compile(r"\b(?:raise|return|continue|break|assert|exit|quit|_exit)\b|device_count|environ\[")
+_ENVIRONMENT_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:environ|getenv)")
 
 
 @dataclass
@@ -71,6 +74,22 @@ class FileFacts:
         return frozenset(_DEVICE_BINDING.findall(self.source.words))
 
     @cached_property
+    def stop_lines(self) -> list[int]:
+        """The sorted lines that may stop a block (walk.py looks only at statements with one)."""
+        return line_numbers(self.source.words, _STOPS)
+
+    def may_stop(self, node: ast.AST) -> bool:
+        lines = self.stop_lines
+        index = bisect.bisect_left(lines, node.lineno)
+        return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)
+
+    @cached_property
+    def environment_names(self) -> frozenset[str]:
+        """Names some line binds to an expression that reads os.environ (`ddp = int(os.environ
+        .get("RANK", -1)) != -1`): conditions on them are decided by the plan."""
+        return frozenset(_ENVIRONMENT_BINDING.findall(self.source.words))
+
+    @cached_property
     def cuda_names(self) -> frozenset[str]:
         """Names some line binds to an expression that mentions cuda (`loc = f"cuda:{rank}"`)."""
         return frozenset(_CUDA_BINDING.findall(self.source.words))
@@ -78,37 +97,25 @@ class FileFacts:
     @cached_property
     def option_calls(self) -> list[ast.Call]:
         """Its `parser.add_argument(...)` and `parser.set_defaults(...)` calls, in order."""
-        return [node for node in self._nodes_on(_OPTION) if isinstance(node, ast.Call)
+        return [node for node in self.nodes_on(_OPTION) if isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute) and node.func.attr in ("add_argument", "set_defaults")]
 
     @cached_property
     def attribute_assignments(self) -> list[ast.Assign]:
         """`args.cuda = ...`: one attribute of a plain name (not self) set."""
-        return [node for node in self._nodes_on(_ATTRIBUTE_SET) if isinstance(node, ast.Assign)
+        return [node for node in self.nodes_on(_ATTRIBUTE_SET) if isinstance(node, ast.Assign)
                 and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
                 and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id != "self"]
-
-    @cached_property
-    def saved_paths(self) -> list[ast.expr]:
-        """The path (or file) argument of each torch.save in the file."""
-        found = []
-        for node in self._nodes_on(re.compile(r"\bsave\(")):
-            if isinstance(node, ast.Call) and self.qualified(node.func) == "torch.save":
-                path = node.args[1] if len(node.args) > 1 else next(
-                    (k.value for k in node.keywords if k.arg == "f"), None)
-                if path is not None:
-                    found.append(path)
-        return found
 
     def binding(self, name: str) -> tuple[ast.expr | None, None]:
         """What `name = ...` binds, when the file has exactly one such line (for a name in a
         function the check has no scope for)."""
         pattern = re.compile(rf"(?m)^[ \t]*{re.escape(name)}[ \t]*=(?!=)")
-        values = [node.value for node in self._nodes_on(pattern) if isinstance(node, ast.Assign)
+        values = [node.value for node in self.nodes_on(pattern) if isinstance(node, ast.Assign)
                   and len(node.targets) == 1 and getattr(node.targets[0], "id", None) == name]
         return (values[0], None) if len(values) == 1 else (None, None)
 
-    def _nodes_on(self, pattern: re.Pattern) -> Iterable[ast.AST]:
+    def nodes_on(self, pattern: re.Pattern) -> Iterable[ast.AST]:
         """The nodes of the simple statements on the lines that match pattern."""
         lines = line_numbers(self.source.words, pattern)
         for statement in statements(self.source.tree.body, lines):
@@ -195,6 +202,7 @@ class Project:
     """The files read, with their facts."""
 
     facts: tuple[FileFacts, ...]
+    writers: tuple[FileFacts, ...] = ()  # scripts beside it that write a file it loads (not walked)
 
     @property
     def uses_accelerate(self) -> bool:
@@ -216,8 +224,8 @@ class Project:
                    for facts in self.facts)
 
 
-def prepare(files: Iterable[SourceFile]) -> Project:
-    return Project(tuple(_read_facts(source) for source in files))
+def prepare(files: Iterable[SourceFile], writers: Iterable[SourceFile] = ()) -> Project:
+    return Project(tuple(_read_facts(source) for source in files), tuple(_read_facts(source) for source in writers))
 
 
 def _read_facts(source: SourceFile) -> FileFacts:

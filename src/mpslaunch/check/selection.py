@@ -26,7 +26,13 @@ _MAIN_GUARD = re.compile(r"""(?m)^if[ \t(]+__name__[ \t]*==|^if[ \t(]+["']__main
 # the next clause of a compound statement).
 _TOP_LEVEL = re.compile(r"(?m)^(?![ \t]|#|\n|[)\]}]|else\b|elif\b|except\b|finally\b)")
 _DEFINITION = re.compile(r"(?:async[ \t]+)?def[ \t]|class[ \t]|@")
+_LETTER = re.compile(r"[A-Za-z]")
 _DEFINED = re.compile(r"(?m)^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")
+# A line that sets an environment variable (environment.py), or may set any of them.
+SETS_VARIABLE = re.compile(r"""environ\[\s*["'](\w+)["']\s*\]\s*(?:=(?!=)|[-+]=)"""
+                           r"""|environ\.(?:setdefault|pop)\(\s*["'](\w+)["']|\bdel\s+[\w.]*environ\[\s*["'](\w+)["']""")
+SETS_ANY_VARIABLE = re.compile(r"""environ\.(?:update|clear|popitem)\(|\b(?:putenv|unsetenv)\(|\benviron\s*=(?!=)"""
+                               r"""|environ\[(?!\s*["'])[^\]\n]*\]\s*=(?!=)""")
 
 
 def folded(text: str) -> str:
@@ -69,6 +75,9 @@ def wanted_lines(text: str) -> list[int]:
     # an import inside a function: the module it reads is checked too
     lines.update(bisect.bisect_left(newlines, match.start()) + 1
                  for match in _IMPORT_LINE.finditer(text) if match.group().startswith((" ", "\t")))
+    # a variable set: whether the plan still decides it depends on where (environment.py)
+    for pattern in (SETS_VARIABLE, SETS_ANY_VARIABLE):
+        lines.update(bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text))
     return sorted(lines)
 
 
@@ -86,6 +95,13 @@ def line_numbers(text: str, pattern: re.Pattern) -> list[int]:
 def module_literal_names(text: str) -> frozenset[str]:
     """Names a module-level line binds to a literal (`device = "cuda"`, `NUM_WORKERS = 4`)."""
     return frozenset(_MODULE_LITERAL.findall(text))
+
+
+def file_name(text: str) -> bool:
+    """"ckpt.pt", "saved/%s_%d.pth": enough of a name to tell one file from another (not ".pt")."""
+    if text.startswith(".") and "/" not in text:
+        return False
+    return len(text.strip("./")) >= 4 and _LETTER.search(text) is not None
 
 
 def has_main_guard_text(text: str) -> bool:

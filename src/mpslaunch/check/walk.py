@@ -1,10 +1,11 @@
 """The walk through a file: which calls can run on the plan, and where they sit.
 
 Only statements on lines that mention what a rule looks for (selection.py) are walked into.
-A branch that a device test rules out on the plan is not walked (`if torch.cuda.is_available():`
-on a Mac); nor is what follows, in its block, an `assert` of such a test, or an
-`if not torch.cuda.is_available(): raise ...`. Functions nothing names, and an imported
-module's main block, are left out.
+A branch that the plan rules out is not walked (`if torch.cuda.is_available():` on a Mac, `if
+ddp:` with `ddp` read from RANK on one process); nor is what follows, in its block, a statement
+that always stops there: an `assert` of such a test, an exit, a raise or a return, an
+if/elif/else whose every branch the plan may take stops (`else: sys.exit(1)`). Functions
+nothing names, and an imported module's main block, are left out.
 """
 
 from __future__ import annotations
@@ -195,16 +196,9 @@ class _Walker:
                 return
 
     def ends_block(self, statement: ast.AST, where: Where) -> bool:
-        """Whether nothing after this statement in its block runs on the plan: an assert of a
-        device test that does not hold there, or `if <it holds>: raise ...`."""
-        if isinstance(statement, ast.Assert):
-            value, reads = self.values.test(statement.test, where.scope)
-            return reads == "device" and value is not True
-        if isinstance(statement, ast.If) and not statement.orelse and statement.body \
-                and _stops(statement.body[-1]):
-            value, reads = self.values.test(statement.test, where.scope)
-            return reads is not None and value is True
-        return False
+        """Whether nothing after this statement in its block runs on the plan: it always stops
+        there (walk.stops)."""
+        return self.facts.may_stop(statement) and stops(statement, where)
 
     def cls(self, node: ast.ClassDef, where: Where, top_level: bool) -> None:
         if self.is_dead(node):
@@ -241,13 +235,38 @@ class _Walker:
         return not node.decorator_list and not self.project.is_named(node.name)
 
 
-def _stops(statement: ast.stmt) -> bool:
-    """raise, sys.exit(...), exit(...), quit(...)."""
-    if isinstance(statement, ast.Raise):
+def stops(statement: ast.AST, where: Where) -> bool:
+    """Whether a statement always stops its block on the plan: raise, return, continue, break,
+    exit(); an assert of a device test that does not hold there (or of any test the plan
+    decides is false); an if/elif/else whose every branch the plan may take stops; a statement
+    that always raises there (values.raises: a division by torch.cuda.device_count() without
+    CUDA, os.environ["RANK"] where the plan removes RANK)."""
+    kind = type(statement)
+    if kind in (ast.Raise, ast.Return, ast.Continue, ast.Break):
         return True
-    call = statement.value if isinstance(statement, ast.Expr) else None
-    name = getattr(getattr(call, "func", None), "attr", None) or getattr(getattr(call, "func", None), "id", None)
-    return isinstance(call, ast.Call) and name in ("exit", "quit", "_exit")
+    values, scope = where.values, where.scope
+    if kind is ast.Assert:
+        value, reads = values.test(statement.test, scope)
+        return reads == "device" and value is not True or reads is not None and value is False \
+            or values.raises(statement.test, scope)
+    if kind is ast.If:
+        if values.raises(statement.test, scope):
+            return True
+        value, reads = values.test(statement.test, scope)
+        taken = (statement.body, statement.orelse) if value is UNKNOWN or reads is None else \
+            (statement.body if value else statement.orelse,)
+        return all(any(stops(inner, where) for inner in part) for part in taken)
+    if kind is ast.Expr and _exits(statement.value):
+        return True
+    return kind in (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign) and statement.value is not None \
+        and values.raises(statement.value, scope)
+
+
+def _exits(node: ast.expr) -> bool:
+    """sys.exit(...), exit(...), quit(...), os._exit(...)."""
+    func = getattr(node, "func", None)
+    name = getattr(func, "attr", None) or getattr(func, "id", None)
+    return isinstance(node, ast.Call) and name in ("exit", "quit", "_exit")
 
 
 def _caught(handler: ast.ExceptHandler) -> str:
