@@ -119,6 +119,8 @@ class Values:
         if kind is ast.UnaryOp and isinstance(node.op, ast.Not):
             operand = truth(self.possible(node.operand, scope))
             return UNKNOWN if operand is UNKNOWN else not operand
+        if kind is ast.UnaryOp and isinstance(node.op, ast.USub):  # -1, a default meaning "none"
+            return _converted(lambda number: -number, self.possible(node.operand, scope))
         if kind is ast.BoolOp:
             return self._bool_op(node, scope)
         if kind is ast.Compare and len(node.ops) == 1:
