@@ -42,12 +42,17 @@ def _set_by_script(files: Iterable) -> frozenset[str] | None:
     """The variables some file sets where a test of it has not come first; None for all."""
     names: set[str] = set()
     for facts in files:
-        text = facts.source.words
-        if _SET_ANY.search(text):
-            return None
-        found = [(text.count("\n", 0, match.start()) + 1, next(filter(None, match.groups())))
-                 for match in _SET.finditer(text)]
-        names.update(name for line, name in found if not _tested_first(facts.source.tree, line, name))
+        source = facts.source
+        if not source.lines.variables:
+            continue
+        texts = source.words.split("\n")
+        for line in source.lines.variables:
+            if _SET_ANY.search(texts[line - 1]):
+                return None
+            for match in _SET.finditer(texts[line - 1]):
+                name = next(filter(None, match.groups()))
+                if not _tested_first(source.tree, line, name):
+                    names.add(name)
     return frozenset(names)
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from mpslaunch.check.fingerprint import digest as digest_of
 from mpslaunch.check.fingerprint import listing
-from mpslaunch.check.selection import (file_name, folded, has_main_guard_text, import_lines,
-                                      selected_source, wanted_lines)
+from mpslaunch.check.selection import (Lines, file_name, folded, has_main_guard_text, import_lines,
+                                      lines_of, selected_source)
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import current_folder, open_regular, unreadable
 
@@ -60,10 +60,14 @@ class SourceFile:
     text: str
     tree: ast.Module  # without the functions and classes that cannot matter, when read in part
     is_script: bool  # run as __main__; an imported module's main block does not run
-    wanted_lines: list[int]  # the lines a rule can be about (selection.py)
+    lines: Lines  # the lines a rule can be about, that may stop a block, ... (selection.py)
     left_out: tuple[str, ...] = ()  # names of the module-level definitions not parsed
     digest: str = ""  # of the bytes read
     cells: NotebookCode | None = None  # a notebook's: which cell each line of `text` is from
+
+    @property
+    def wanted_lines(self) -> list[int]:
+        return self.lines.wanted
 
     @cached_property
     def words(self) -> str:
@@ -144,7 +148,7 @@ def _writers(folder: Path, seen: set[str], loaded: set[str]) -> tuple[tuple[Sour
                                         for file in loaded for quote in "\"'"):
                 text = _decode(path, data)
                 writers.append(SourceFile(path, _shown(path), text, parse(path, text), True,
-                                          wanted_lines(folded(text)), digest=digest_of(data)))
+                                          lines_of(folded(text)), digest=digest_of(data)))
             else:
                 beside.append((_real(path), digest_of(data)))
         except ScriptError:
@@ -165,18 +169,18 @@ def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
 
         cells = notebook_code(_shown(path), data, ScriptError)
         return SourceFile(path, _shown(path), cells.text, parse(path, cells.text), is_script,
-                          wanted_lines(folded(cells.text)), digest=digest, cells=cells)
+                          lines_of(folded(cells.text)), digest=digest, cells=cells)
     text = _decode(path, data)
     words = folded(text)
-    wanted = wanted_lines(words)
+    lines = lines_of(words)
     if not whole and (has_main_guard_text(words) or not is_script):
-        selected, left_out = selected_source(text, words, wanted)
+        selected, left_out = selected_source(text, words, lines.wanted)
         try:
             tree = ast.parse(selected, filename=str(path))
-            return SourceFile(path, _shown(path), text, tree, is_script, wanted, tuple(left_out), digest)
+            return SourceFile(path, _shown(path), text, tree, is_script, lines, tuple(left_out), digest)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # a split inside a string: read it whole
-    return SourceFile(path, _shown(path), text, parse(path, text), is_script, wanted, digest=digest)
+    return SourceFile(path, _shown(path), text, parse(path, text), is_script, lines, digest=digest)
 
 
 def parse(path: Path, text: str) -> ast.Module:

@@ -11,8 +11,8 @@ A message or a fix is a template (`str.format` fields the rule fills in, and `de
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from mpslaunch.check.target import Target
 
@@ -23,13 +23,11 @@ WORKERS = "DataLoader workers"
 Text = str | Mapping[str, str]  # one template, or one per device ("mps", "cpu")
 
 
-@dataclass(frozen=True)
-class Plans:
-    """The plans a rule applies to, and how docs/check.md's table names them."""
+class Plans(namedtuple("Plans", "shown devices several", defaults=(False,))):
+    """The plans a rule applies to (`devices`; only several processes when `several`), and how
+    docs/check.md's table names them (`shown`)."""
 
-    shown: str
-    devices: tuple[str, ...]
-    several: bool = False  # only plans of several processes
+    __slots__ = ()
 
     def applies(self, target: Target) -> bool:
         return target.device in self.devices and (not self.several or target.processes > 1)
@@ -42,18 +40,24 @@ SEVERAL_CPU = Plans("cpu, several processes", ("mps", "cpu"), several=True)
 WORKERS_SPAWNED = Plans("macOS; Linux with Python 3.14", ("mps", "cpu", "cuda"))
 
 
-@dataclass(frozen=True)
-class Rule:
-    name: str  # short and stable, for tools (--json)
-    plans: Plans
-    looks_for: str  # in words
-    calls: tuple[str, ...]  # the calls handed to it, by the name they end with ("*": all)
-    words: tuple[str, ...]  # what a line it can be about spells (selection.py reads only those)
-    messages: Mapping[str, Text]  # what happens, by kind of finding
-    fixes: Mapping[str, Text]  # what to write instead, by kind of finding
-    breaks: bool = True  # the run stops (else it runs, but not as written)
-    fact: str = SCRIPTS_FOR_CUDA  # the docs/mps-facts.md section it rests on
-    branches: bool = False  # also handed each if and conditional expression
+_RULE_FIELDS = (
+    "name",  # short and stable, for tools (--json)
+    "plans",  # Plans
+    "looks_for",  # in words
+    "calls",  # the calls handed to it, by the name they end with ("*": all)
+    "words",  # what a line it can be about spells (selection.py reads only those)
+    "messages",  # what happens, by kind of finding: a Text
+    "fixes",  # what to write instead, by kind of finding: a Text
+    "breaks",  # the run stops (else it runs, but not as written)
+    "fact",  # the docs/mps-facts.md section it rests on
+    "branches",  # also handed each if and conditional expression
+)
+
+
+class Rule(namedtuple("Rule", _RULE_FIELDS, defaults=(True, SCRIPTS_FOR_CUDA, False))):
+    """One rule, declared once (a named tuple: cheap to import at every launch)."""
+
+    __slots__ = ()
 
     def text(self, texts: Mapping[str, Text], kind: str, device: str, fields: Mapping[str, object]) -> str:
         template = texts[kind]
@@ -205,18 +209,22 @@ _digest: list[str] = []  # worked out once per process
 
 
 def digest() -> str:
-    """What the findings of a check rest on besides the files read: the declarations, and the
-    source of this package (the rules' code, the walk, the values)."""
+    """What the findings of a check rest on besides the files read: the declarations, and this
+    package's source files (their sizes and times: they change when a rule is edited or
+    installed anew)."""
     if not _digest:
-        from pathlib import Path
+        import os
 
         from mpslaunch.check.fingerprint import digest as blake
 
-        parts = [repr(RULES).encode()]
-        for path in sorted(Path(__file__).parent.glob("*.py")):
-            try:
-                parts.append(path.read_bytes())
-            except OSError:  # an installed copy without its sources: the version still counts
-                parts.append(path.name.encode())
-        _digest.append(blake(b"\0".join(parts)))
+        parts = [repr(RULES)]
+        try:
+            with os.scandir(os.path.dirname(__file__)) as entries:
+                for entry in sorted(entries, key=lambda entry: entry.name):
+                    if entry.name.endswith(".py"):
+                        status = entry.stat()
+                        parts.append(f"{entry.name} {status.st_size} {status.st_mtime_ns}")
+        except OSError:  # an installed copy that cannot be listed: the version still counts
+            pass
+        _digest.append(blake("\n".join(parts).encode()))
     return _digest[0]

@@ -31,8 +31,7 @@ _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)
 # `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
 _DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
 _CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
-# What may stop a block: an exit, a return, an assert, a division by a device count, a variable read
-_STOPS = re.compile(r"\b(?:raise|return|continue|break|assert|exit|quit|_exit)\b|device_count|environ\[")
+_RAISES = re.compile(r"device_count|environ\[")  # a division by the device count, a variable read
 _ENVIRONMENT_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:environ|getenv)")
 
 
@@ -74,12 +73,12 @@ class FileFacts:
         return frozenset(_DEVICE_BINDING.findall(self.source.words))
 
     @cached_property
-    def stop_lines(self) -> list[int]:
-        """The sorted lines that may stop a block (walk.py looks only at statements with one)."""
-        return line_numbers(self.source.words, _STOPS)
+    def raising_lines(self) -> list[int]:
+        """The sorted lines where an expression may always raise on the plan (walk.raises)."""
+        return line_numbers(self.source.words, _RAISES)
 
-    def may_stop(self, node: ast.AST) -> bool:
-        lines = self.stop_lines
+    def may_raise(self, node: ast.AST) -> bool:
+        lines = self.raising_lines
         index = bisect.bisect_left(lines, node.lineno)
         return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)
 

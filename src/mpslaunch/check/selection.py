@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 from mpslaunch.check import registry
@@ -53,6 +54,17 @@ def triggers() -> tuple[str, ...]:
     return tuple(sorted({*ALWAYS, *(word for rule in registry.RULES for word in rule.words)}))
 
 
+_VARIABLES = re.compile(r"environ|putenv|unsetenv")  # what reads or sets an environment variable
+
+
+@dataclass(frozen=True)
+class Lines:
+    """The sorted numbers of the lines that matter."""
+
+    wanted: list[int]  # a rule can be about them
+    variables: list[int]  # they read or set an environment variable
+
+
 @lru_cache(maxsize=4)
 def _pattern(words: tuple[str, ...], names: tuple[str, ...]) -> re.Pattern:
     pattern = "|".join(map(re.escape, words))
@@ -61,24 +73,32 @@ def _pattern(words: tuple[str, ...], names: tuple[str, ...]) -> re.Pattern:
     return re.compile(pattern)
 
 
-def wanted_lines(text: str) -> list[int]:
-    """The sorted numbers of the lines a rule can be about (in the text `folded` gives)."""
+def lines_of(text: str) -> Lines:
+    """The lines that matter in the text `folded` gives."""
     words = triggers()
     names = set()
     for line in _IMPORT_LINE.findall(text):  # `import ... as DL`: DL stands for a trigger
         if any(word in line for word in words):
             names.update(_RENAMED.findall(line))
     names.update(_MODULE_LITERAL.findall(text))  # `device = "cuda"`, then `.to(device)`
-    pattern = _pattern(words, tuple(sorted(names)))
     newlines = _newlines(text)
-    lines = {bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)}
+    wanted = {bisect.bisect_left(newlines, match.start()) + 1
+              for match in _pattern(words, tuple(sorted(names))).finditer(text)}
     # an import inside a function: the module it reads is checked too
-    lines.update(bisect.bisect_left(newlines, match.start()) + 1
-                 for match in _IMPORT_LINE.finditer(text) if match.group().startswith((" ", "\t")))
-    # a variable set: whether the plan still decides it depends on where (environment.py)
-    for pattern in (SETS_VARIABLE, SETS_ANY_VARIABLE):
-        lines.update(bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text))
-    return sorted(lines)
+    wanted.update(bisect.bisect_left(newlines, match.start()) + 1
+                  for match in _IMPORT_LINE.finditer(text) if match.group().startswith((" ", "\t")))
+    variables = []
+    if "environ" in text or "putenv" in text:
+        variables = sorted({bisect.bisect_left(newlines, match.start()) + 1 for match in _VARIABLES.finditer(text)})
+        texts = text.split("\n")  # a variable set: whether the plan still decides it depends on where
+        wanted.update(line for line in variables if SETS_VARIABLE.search(texts[line - 1])
+                      or SETS_ANY_VARIABLE.search(texts[line - 1]))
+    return Lines(sorted(wanted), variables)
+
+
+def wanted_lines(text: str) -> list[int]:
+    """The sorted numbers of the lines a rule can be about (in the text `folded` gives)."""
+    return lines_of(text).wanted
 
 
 def import_lines(text: str) -> list[int]:
@@ -132,5 +152,6 @@ def selected_source(text: str, words: str, wanted: list[int]) -> tuple[str, list
     return "\n".join(lines), blanked
 
 
+@lru_cache(maxsize=4)
 def _newlines(text: str) -> list[int]:
     return [match.start() for match in re.finditer("\n", text)]

@@ -194,28 +194,9 @@ class Values:
         seen = self.environment.seen(settled(self.possible(key, scope)))
         if seen is None or seen.present and seen.values is None:
             return UNKNOWN
-        if not seen.present:  # without a default, a KeyError (raises() says so)
+        if not seen.present:  # without a default, a KeyError (walk.raises says so)
             return UNKNOWN if default is None else self.possible(default, scope)
         return seen.values[0] if len(seen.values) == 1 else Among(seen.values)
-
-    def raises(self, node: ast.AST, scope) -> bool:
-        """Whether evaluating node always raises on the plan: a division by a value that is 0
-        there (torch.cuda.device_count() without CUDA), os.environ[name] of a variable the
-        plan removes. Only what is always evaluated is looked at."""
-        for child in _always_evaluated(node):
-            if isinstance(child, ast.BinOp) and isinstance(child.op, (ast.Div, ast.FloorDiv, ast.Mod)):
-                right = self.possible(child.right, scope)
-                left = child.left
-                formats = isinstance(child.op, ast.Mod) and (isinstance(left, (ast.Constant, ast.JoinedStr))
-                                                             or isinstance(self.possible(left, scope), str))
-                if type(right) in (int, float) and right == 0 and not formats:
-                    return True
-            elif isinstance(child, ast.Subscript) and isinstance(child.ctx, ast.Load) \
-                    and self.possible(child.value, scope) is ENVIRON:
-                seen = self.environment.seen(self.value(child.slice, scope))
-                if seen is not None and not seen.present:
-                    return True
-        return False
 
     def qualified(self, node: ast.AST, scope) -> str | None:
         facts = getattr(scope, "facts", None) or self.project.facts[0]
@@ -291,25 +272,6 @@ def _converted(convert, value: object) -> object:
         return Among(convert(one) for one in value) if isinstance(value, Among) else convert(value)
     except (TypeError, ValueError):
         return UNKNOWN
-
-
-def _always_evaluated(node: ast.AST):
-    """node and the expressions in it that run whenever it does: not a lambda's or a
-    comprehension's body, not the second operand of `and`/`or`, not the branches of `x if c else y`."""
-    pending = [node]
-    while pending:
-        child = pending.pop()
-        yield child
-        if isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            continue
-        if isinstance(child, ast.BoolOp):
-            pending.append(child.values[0])
-        elif isinstance(child, ast.IfExp):
-            pending.append(child.test)
-        elif isinstance(child, ast.Compare):
-            pending += [child.left, child.comparators[0]]
-        elif isinstance(child, (ast.expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.keyword)):
-            pending += [inner for inner in ast.iter_child_nodes(child) if isinstance(inner, (ast.expr, ast.keyword))]
 
 
 def _compare(op: ast.cmpop, left: object, right: object) -> object:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from mpslaunch.check.scan import DEFINITION_NODES, FUNCTION_NODES, FileFacts, Project, Scope, Where
-from mpslaunch.check.values import UNKNOWN
+from mpslaunch.check.values import ENVIRON, UNKNOWN
 
 
 def walk_project(project: Project, rules) -> None:
@@ -198,7 +198,7 @@ class _Walker:
     def ends_block(self, statement: ast.AST, where: Where) -> bool:
         """Whether nothing after this statement in its block runs on the plan: it always stops
         there (walk.stops)."""
-        return self.facts.may_stop(statement) and stops(statement, where)
+        return stops(statement, where)
 
     def cls(self, node: ast.ClassDef, where: Where, top_level: bool) -> None:
         if self.is_dead(node):
@@ -239,7 +239,7 @@ def stops(statement: ast.AST, where: Where) -> bool:
     """Whether a statement always stops its block on the plan: raise, return, continue, break,
     exit(); an assert of a device test that does not hold there (or of any test the plan
     decides is false); an if/elif/else whose every branch the plan may take stops; a statement
-    that always raises there (values.raises: a division by torch.cuda.device_count() without
+    that always raises there (raises: a division by torch.cuda.device_count() without
     CUDA, os.environ["RANK"] where the plan removes RANK)."""
     kind = type(statement)
     if kind in (ast.Raise, ast.Return, ast.Continue, ast.Break):
@@ -248,9 +248,9 @@ def stops(statement: ast.AST, where: Where) -> bool:
     if kind is ast.Assert:
         value, reads = values.test(statement.test, scope)
         return reads == "device" and value is not True or reads is not None and value is False \
-            or values.raises(statement.test, scope)
+            or where.facts.may_raise(statement) and raises(statement.test, where)
     if kind is ast.If:
-        if values.raises(statement.test, scope):
+        if where.facts.may_raise(statement.test) and raises(statement.test, where):
             return True
         value, reads = values.test(statement.test, scope)
         taken = (statement.body, statement.orelse) if value is UNKNOWN or reads is None else \
@@ -259,7 +259,46 @@ def stops(statement: ast.AST, where: Where) -> bool:
     if kind is ast.Expr and _exits(statement.value):
         return True
     return kind in (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign) and statement.value is not None \
-        and values.raises(statement.value, scope)
+        and where.facts.may_raise(statement) and raises(statement.value, where)
+
+
+def raises(node: ast.AST, where: Where) -> bool:
+    """Whether evaluating node always raises on the plan: a division by a value that is 0
+    there (torch.cuda.device_count() without CUDA), os.environ[name] of a variable the plan
+    removes. Only what is always evaluated is looked at."""
+    values, scope = where.values, where.scope
+    for child in _always_evaluated(node):
+        if isinstance(child, ast.BinOp) and isinstance(child.op, (ast.Div, ast.FloorDiv, ast.Mod)):
+            right = values.possible(child.right, scope)
+            formats = isinstance(child.op, ast.Mod) and (isinstance(child.left, (ast.Constant, ast.JoinedStr))
+                                                         or isinstance(values.possible(child.left, scope), str))
+            if type(right) in (int, float) and right == 0 and not formats:
+                return True
+        elif isinstance(child, ast.Subscript) and isinstance(child.ctx, ast.Load) \
+                and values.possible(child.value, scope) is ENVIRON:
+            seen = values.environment.seen(values.value(child.slice, scope))
+            if seen is not None and not seen.present:
+                return True
+    return False
+
+
+def _always_evaluated(node: ast.AST):
+    """node and the expressions in it that run whenever it does: not a lambda's or a
+    comprehension's body, not the second operand of `and`/`or`, not the branches of `x if c else y`."""
+    pending = [node]
+    while pending:
+        child = pending.pop()
+        yield child
+        if isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(child, ast.BoolOp):
+            pending.append(child.values[0])
+        elif isinstance(child, ast.IfExp):
+            pending.append(child.test)
+        elif isinstance(child, ast.Compare):
+            pending += [child.left, child.comparators[0]]
+        elif isinstance(child, (ast.expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.keyword)):
+            pending += [inner for inner in ast.iter_child_nodes(child) if isinstance(inner, (ast.expr, ast.keyword))]
 
 
 def _exits(node: ast.expr) -> bool:
