@@ -60,6 +60,7 @@ def run(folder: Path, labels: dict, own: Path, chosen: str | None):
     from mpslaunch.output import MpslaunchError
 
     right, wrong, missed = Counter(), Counter(), Counter()
+    by_plan: dict[str, Counter] = {plan: Counter() for plan in labels["plans"]}
     crashes, mismatches = [], []
     fallback_named: dict[str, bool] = {}
     plans = targets(labels)
@@ -78,6 +79,8 @@ def run(folder: Path, labels: dict, own: Path, chosen: str | None):
                 crashes.append(f"{name} [{plan}]: {traceback.format_exc().strip().splitlines()[-1]}")
                 continue
             found = {where for where in (place(f, script) for f in report.findings) if where}
+            by_plan[plan].update(right=len(found & expected), wrong=len(found - expected),
+                                 missed=len(expected - found))
             for item in found & expected:
                 right[item[0]] += 1
             for item in found - expected:
@@ -88,7 +91,7 @@ def run(folder: Path, labels: dict, own: Path, chosen: str | None):
                 mismatches.append(f"missed {name} [{plan}] {':'.join(map(str, item))}")
             if plan == "mps" and any(item[0] == FALLBACK for item in expected):
                 fallback_named[name] = any(item[0] == FALLBACK for item in found)
-    return len(scripts), right, wrong, missed, crashes, mismatches, fallback_named
+    return len(scripts), right, wrong, missed, crashes, mismatches, fallback_named, by_plan
 
 
 def ratio(part: int, whole: int) -> str:
@@ -115,13 +118,16 @@ def main() -> int:
     options = parser.parse_args()
     path = options.labels or options.folder / "labels.json"
     labels = load(path)
-    count, right, wrong, missed, crashes, mismatches, fallback_named = run(
+    count, right, wrong, missed, crashes, mismatches, fallback_named, by_plan = run(
         options.folder, labels, path.parent, options.chosen)
     import mpslaunch
 
     print(f"{count} scripts{f' ({options.chosen})' if options.chosen else ''}, plans: "
           f"{', '.join(labels['plans'])}; the check from {Path(mpslaunch.__file__).parent}")
     print("\n".join(table(right, wrong, missed)))
+    print("by plan: " + "; ".join(
+        f"{plan} {c['right'] + c['missed']} labelled, {c['right']} right, {c['wrong']} wrong"
+        for plan, c in by_plan.items()))
     named = sum(fallback_named.values())
     print(f"the CPU fall-back named in {named} of the {len(fallback_named)} scripts that have it")
     print(f"crashes or refusals: {len(crashes)}")

@@ -58,6 +58,37 @@ def test_a_variable_the_script_sets_itself_is_not_the_plans(tmp_path):
     assert "torch.cuda.set_device()" not in {text for _, _, text in findings(*MAC, str(SCRIPTS / "rank_ddp.py"))}
 
 
+CHAIN_THAT_SETS_RANK = """\
+import os
+import torch
+
+
+def init(args):
+    if args.on_itp:
+        args.rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        os.environ["RANK"] = str(args.rank)
+    elif "RANK" in os.environ:
+        args.rank = int(os.environ["RANK"])
+    else:
+        return
+    torch.cuda.set_device(args.rank)
+
+
+def later():
+    if "RANK" in os.environ:
+        torch.cuda.synchronize()
+"""
+
+
+def test_a_variable_set_in_a_branch_is_still_the_plans_in_the_tests_of_its_chain(tmp_path):
+    # the chain's tests run before any of its branches: "RANK" in os.environ there is false on one
+    # process (and OMPI_COMM_WORLD_RANK, removed too, stops the first branch); after the chain it
+    # may be the script's own
+    script = write_script(tmp_path, "itp.py", CHAIN_THAT_SETS_RANK + "init(None)\nlater()\n")
+    assert findings(*MAC, str(script)) == {("itp.py", line_of(script, "torch.cuda.synchronize()"),
+                                            "torch.cuda.synchronize()")}
+
+
 def test_an_if_elif_else_whose_every_branch_stops_guards_the_rest():
     script = SCRIPTS / "exit_chain.py"
     set_device = line_of(script, "torch.cuda.set_device(args.gpu)")

@@ -3,9 +3,10 @@ decides them (plan.seen_by_the_script): on one process another launcher's variab
 (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, ...), on several torchrun sets its own, and
 `MPSLAUNCH_DEVICE` is the plan's device. Anything else is the user's and unknown.
 
-A variable the script sets itself (`os.environ["RANK"] = ...`) is unknown too, except where the
-setting sits in a branch of the if/elif chain that tests that variable: there the test reads the
-variable before the script sets it. `os.environ.update(...)` and the like make every one unknown.
+A variable the script sets itself (`os.environ["RANK"] = ...`) is unknown too, except in the
+tests of the if/elif chain whose branches set it: a chain's tests run before any of its branches
+(`if "RANK" in os.environ: ... elif "SLURM_PROCID" in os.environ: os.environ["RANK"] = ...`).
+`os.environ.update(...)` and the like make every one unknown.
 """
 
 from __future__ import annotations
@@ -27,20 +28,27 @@ class Environment:
 
     def __init__(self, device: str, processes: int, files: Iterable):
         self.device, self.processes = device, processes
-        self.set_by_script = _set_by_script(files)  # None: any variable may be set
+        # name -> for each place that sets it, the tests that run before it can: (file, first, last)
+        self.settings = _settings(files)  # None: any variable may be set
 
-    def seen(self, name: object) -> Seen | None:
-        """What the script finds in os.environ[name]; None when the plan does not decide it."""
-        if not isinstance(name, str) or self.set_by_script is None or name in self.set_by_script:
+    def seen(self, name: object, place: tuple[str, int]) -> Seen | None:
+        """What the script finds in os.environ[name] when it reads it at `place` (file, line);
+        None when the plan does not decide it."""
+        if not isinstance(name, str) or self.settings is None:
             return None
+        file, line = place
+        if any(not any(test_file == file and first <= line <= last for test_file, first, last in tests)
+               for tests in self.settings.get(name, ())):
+            return None  # the script may have set it by then
         from mpslaunch.plan import seen_by_the_script  # only for a script that reads one
 
         return seen_by_the_script(name, self.device, self.processes)
 
 
-def _set_by_script(files: Iterable) -> frozenset[str] | None:
-    """The variables some file sets where a test of it has not come first; None for all."""
-    names: set[str] = set()
+def _settings(files: Iterable) -> dict[str, list[list[tuple[str, int, int]]]] | None:
+    """Each variable a file sets, with the tests that run before each setting (None: a file may
+    set any variable)."""
+    found: dict[str, list[list[tuple[str, int, int]]]] = {}
     for facts in files:
         source = facts.source
         if not source.lines.variables:
@@ -50,17 +58,20 @@ def _set_by_script(files: Iterable) -> frozenset[str] | None:
             if _SET_ANY.search(texts[line - 1]):
                 return None
             for match in _SET.finditer(texts[line - 1]):
-                name = next(filter(None, match.groups()))
-                if not _tested_first(source.tree, line, name):
-                    names.add(name)
-    return frozenset(names)
+                found.setdefault(next(filter(None, match.groups())), []).append(
+                    [(str(source.path), *span) for span in _tests_before(source.tree, line)])
+    return found
 
 
-def _tested_first(tree: ast.Module, line: int, name: str) -> bool:
-    """Whether the setting on `line` sits in a branch of an if statement whose test names the
-    variable: the test reads it first."""
+def _tests_before(tree: ast.Module, line: int) -> list[tuple[int, int]]:
+    """The lines of the tests of each if/elif chain whose branch holds `line`: they run before it."""
+    spans = []
     for statement in statements(tree.body, [line]):
-        if isinstance(statement, ast.If) and not statement.test.lineno <= line <= statement.test.end_lineno \
-                and any(isinstance(node, ast.Constant) and node.value == name for node in ast.walk(statement.test)):
-            return True
-    return False
+        if isinstance(statement, ast.If) and not statement.test.lineno <= line <= statement.test.end_lineno:
+            link = statement
+            while True:
+                spans.append((link.test.lineno, link.test.end_lineno))
+                if len(link.orelse) != 1 or not isinstance(link.orelse[0], ast.If):
+                    break
+                link = link.orelse[0]
+    return spans
