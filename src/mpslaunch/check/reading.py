@@ -38,7 +38,8 @@ MAX_NOTEBOOK_BYTES = 50_000_000  # mostly the outputs (images) kept in it, which
 MAX_FILES = 60  # the script and the local modules it imports, in import order
 TOO_DEEP = "it nests expressions too deeply for the check to read; check it by hand"
 MAX_BESIDE = 40  # the scripts beside the script looked at for one that writes a file it loads
-_LOADED = re.compile(r"""\bload\([^\n]*?["']([^"'\n]+)["']""")  # a file name on a load( line
+_LOAD_LINE = re.compile(r"load\(([^\n]*)")  # what follows load( on its line
+_QUOTED = re.compile(r"""["']([^"'\n]+)["']""")
 
 
 class ScriptError(MpslaunchError):
@@ -122,7 +123,8 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
-    loaded = {name for source in files for name in _LOADED.findall(source.words) if file_name(name)}
+    loaded = {name for source in files for rest in _LOAD_LINE.findall(source.words)
+              for name in _QUOTED.findall(rest) if file_name(name)}
     if not loaded:
         return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
     writers, beside = _writers(folder, seen, loaded)

@@ -31,8 +31,8 @@ _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)
 # `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
 _DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
 _CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
-_RAISES = re.compile(r"device_count|environ\[")  # a division by the device count, a variable read
-_ENVIRONMENT_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:environ|getenv)")
+_DEVICE_COUNT = re.compile("device_count")
+_BOUND = re.compile(r"[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)")  # a line that binds a name
 
 
 @dataclass
@@ -73,9 +73,16 @@ class FileFacts:
         return frozenset(_DEVICE_BINDING.findall(self.source.words))
 
     @cached_property
+    def _lines(self) -> list[str]:
+        return self.source.words.split("\n")
+
+    @cached_property
     def raising_lines(self) -> list[int]:
         """The sorted lines where an expression may always raise on the plan (walk.raises)."""
-        return line_numbers(self.source.words, _RAISES)
+        lines = self.source.lines
+        texts = self._lines if lines.variables else []
+        return sorted({*line_numbers(self.source.words, _DEVICE_COUNT),
+                       *(line for line in lines.variables if "environ[" in texts[line - 1])})
 
     def may_raise(self, node: ast.AST) -> bool:
         lines = self.raising_lines
@@ -86,7 +93,9 @@ class FileFacts:
     def environment_names(self) -> frozenset[str]:
         """Names some line binds to an expression that reads os.environ (`ddp = int(os.environ
         .get("RANK", -1)) != -1`): conditions on them are decided by the plan."""
-        return frozenset(_ENVIRONMENT_BINDING.findall(self.source.words))
+        texts = self._lines if self.source.lines.variables else []
+        return frozenset(match.group(1) for match in (_BOUND.match(texts[line - 1])
+                                                      for line in self.source.lines.variables) if match)
 
     @cached_property
     def cuda_names(self) -> frozenset[str]:

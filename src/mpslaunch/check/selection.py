@@ -54,7 +54,7 @@ def triggers() -> tuple[str, ...]:
     return tuple(sorted({*ALWAYS, *(word for rule in registry.RULES for word in rule.words)}))
 
 
-_VARIABLES = re.compile(r"environ|putenv|unsetenv")  # what reads or sets an environment variable
+_VARIABLES = re.compile(r"environ|getenv|putenv|unsetenv")  # what reads or sets an environment variable
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def lines_of(text: str) -> Lines:
     wanted.update(bisect.bisect_left(newlines, match.start()) + 1
                   for match in _IMPORT_LINE.finditer(text) if match.group().startswith((" ", "\t")))
     variables = []
-    if "environ" in text or "putenv" in text:
+    if "environ" in text or "getenv" in text or "putenv" in text:
         variables = sorted({bisect.bisect_left(newlines, match.start()) + 1 for match in _VARIABLES.finditer(text)})
         texts = text.split("\n")  # a variable set: whether the plan still decides it depends on where
         wanted.update(line for line in variables if SETS_VARIABLE.search(texts[line - 1])
