@@ -18,9 +18,10 @@ functions times file size), checked whole in a child of its own beside a bare `a
 seconds and peak memory (maxrss).
 
 `--also_src DIR` times another checkout's check (its `src` folder) beside this one in the same
-run: the in-process times in children that take turns (this checkout's too, the same way),
-Python's start with each, and the huge file with each. "Seen before" includes working out the
-rules' digest, which each launch does once.
+run: the in-process times in children that take turns (`--rounds`; this checkout's too, the
+same way), Python's start with each, and the huge file with each. "Seen before" includes
+working out the rules' digest, which each launch does once. `--clock cpu` times the in-process
+checks by the process's own CPU time, which other work on a shared machine disturbs less.
 """
 
 from __future__ import annotations
@@ -178,13 +179,18 @@ def generated_script(lines: int = 2000) -> str:
         index += 1
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's own time
+CLOCK = [time.perf_counter]
+
+
 def median_ms(action, runs: int) -> tuple[float, float]:
+    clock = CLOCK[0]
     action()  # warm-up
     samples = []
     for _ in range(runs):
-        start = time.perf_counter()
+        start = clock()
         action()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return 1000 * statistics.median(samples), 1000 * min(samples)
 
 
@@ -224,14 +230,14 @@ def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
     return times
 
 
-def time_checks_of(trees: dict[str, Path], script: Path, runs: int, rounds: int = 3) -> dict:
+def time_checks_of(trees: dict[str, Path], script: Path, runs: int, rounds: int, clock: str) -> dict:
     """time_checks of each tree's check in children that take turns: the median of each
     round's medians, and the best."""
     found: dict[str, dict[str, list]] = {label: {} for label in trees}
     for _ in range(rounds):
         for label, src in trees.items():
             done = subprocess.run([sys.executable, __file__, "--time_checks", str(script), "--check_runs",
-                                   str(runs)], capture_output=True, text=True, check=True,
+                                   str(runs), "--clock", clock], capture_output=True, text=True, check=True,
                                   env={**os.environ, "PYTHONPATH": str(src)})
             for name, (median, best) in json.loads(done.stdout).items():
                 found[label].setdefault(name, []).append((median, best))
@@ -319,8 +325,15 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=1500, help="lines of the script (default 1500)")
     parser.add_argument("--huge_mb", type=float, default=1.9, help="size of the huge file (default 1.9 MB)")
     parser.add_argument("--also_src", type=Path, help="another checkout's src folder, timed beside this one")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of each checkout's children (default 3)")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall",
+                        help="what the in-process checks are timed by: wall time, or the process's own "
+                             "CPU time (steadier on a machine other work shares)")
+    parser.add_argument("--checks_only", action="store_true",
+                        help="time only the checks in-process (not Python's start, the huge file, launches)")
     parser.add_argument("--time_checks", type=Path, help=argparse.SUPPRESS)  # a child's work
     options = parser.parse_args()
+    CLOCK[0] = CLOCKS[options.clock]
     if options.time_checks:
         print(json.dumps(time_checks(options.time_checks, options.check_runs)))
         return 0
@@ -332,16 +345,19 @@ def main() -> int:
     os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
     lines = script.read_text().count("\n")
     if options.also_src:
-        print(f"{lines}-line script, {options.check_runs} runs each in 3 alternating children per "
-              "checkout: median of the medians, ms (best)")
-        for label, times in time_checks_of(trees, script, options.check_runs).items():
+        print(f"{lines}-line script, {options.check_runs} runs each in {options.rounds} alternating children "
+              f"per checkout, {options.clock} time: median of the medians, ms (best)")
+        for label, times in time_checks_of(trees, script, options.check_runs, options.rounds, options.clock).items():
             print(f"  {label.strip() or 'this checkout'}")
             for name, (median, best) in times.items():
                 print(f"    {name:30} {median:7.1f} ({best:.1f})")
     else:
-        print(f"{lines}-line script, {options.check_runs} runs each: median ms (best)")
+        print(f"{lines}-line script, {options.check_runs} runs each, {options.clock} time: median ms (best)")
         for name, (median, best) in time_checks(script, options.check_runs).items():
             print(f"  {name:32} {median:7.1f} ({best:.1f})")
+    if options.checks_only:
+        shutil.rmtree(folder, ignore_errors=True)
+        return 0
     start = time_start(script, options.runs * 3, trees)
     print(f"Python's own start and the check, {options.runs * 3} alternating runs: median ms")
     for name, value in start.items():
