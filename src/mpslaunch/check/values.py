@@ -126,7 +126,7 @@ class Values:
         if kind is ast.Compare and len(node.ops) == 1:
             left, right = self.possible(node.left, scope), self.possible(node.comparators[0], scope)
             if right is ENVIRON and isinstance(node.ops[0], (ast.In, ast.NotIn)):  # "RANK" in os.environ
-                seen = self.environment.seen(settled(left), place(node, scope))
+                seen = self.environment.seen(settled(left), read_at(node, scope))
                 return UNKNOWN if seen is None else seen.present == isinstance(node.ops[0], ast.In)
             return _compare(node.ops[0], left, right)
         if kind is ast.Subscript and self.possible(node.value, scope) is ENVIRON:
@@ -191,7 +191,7 @@ class Values:
 
     def _read(self, key: ast.expr, default: ast.expr | None, scope) -> object:
         """os.environ[key] (default None), os.environ.get(key, default), os.getenv(key, default)."""
-        seen = self.environment.seen(settled(self.possible(key, scope)), place(key, scope))
+        seen = self.environment.seen(settled(self.possible(key, scope)), read_at(key, scope))
         if seen is None or seen.present and seen.values is None:
             return UNKNOWN
         if not seen.present:  # without a default, a KeyError (walk.raises says so)
@@ -239,7 +239,7 @@ class Values:
         return found
 
 
-def place(node: ast.AST, scope) -> tuple[str, int]:
+def read_at(node: ast.AST, scope) -> tuple[str, int]:
     """Where a variable is read: (file, line)."""
     facts = getattr(scope, "facts", None)
     return (str(facts.source.path) if facts else "", getattr(node, "lineno", 0))

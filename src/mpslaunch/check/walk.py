@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from mpslaunch.check.scan import DEFINITION_NODES, FUNCTION_NODES, FileFacts, Project, Scope, Where
-from mpslaunch.check.values import ENVIRON, UNKNOWN, place
+from mpslaunch.check.values import ENVIRON, UNKNOWN, read_at
 
 
 def walk_project(project: Project, rules) -> None:
@@ -276,7 +276,7 @@ def raises(node: ast.AST, where: Where) -> bool:
                 return True
         elif isinstance(child, ast.Subscript) and isinstance(child.ctx, ast.Load) \
                 and values.possible(child.value, scope) is ENVIRON:
-            seen = values.environment.seen(values.value(child.slice, scope), place(child, scope))
+            seen = values.environment.seen(values.value(child.slice, scope), read_at(child, scope))
             if seen is not None and not seen.present:
                 return True
     return False
