@@ -19,7 +19,8 @@ seconds and peak memory (maxrss).
 
 `--also_src DIR` times another checkout's check (its `src` folder) beside this one in the same
 run: the in-process times in children that take turns (`--rounds`; this checkout's too, the
-same way), Python's start with each, and the huge file with each. "Seen before" includes
+same way), then in one process, the other checkout's package loaded under another name and the
+two checks taking turns call by call, Python's start with each, and the huge file with each. "Seen before" includes
 working out the rules' digest, which each launch does once. `--clock cpu` times the in-process
 checks by the process's own CPU time, which other work on a shared machine disturbs less.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -230,6 +232,69 @@ def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
     return times
 
 
+def renamed_copy(src: Path, folder: Path, name: str = "mpslaunch_other") -> str:
+    """A copy of the mpslaunch package under src, importable as `name` beside this checkout's
+    (its own imports of mpslaunch rewritten), so both checks run in one process."""
+    target = folder / name
+    shutil.copytree(src / "mpslaunch", target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in target.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(re.sub(r"(?m)^([ \t]*)(from|import) mpslaunch\b", rf"\1\2 {name}", text))
+    sys.path.insert(0, str(folder))
+    return name
+
+
+def paired_checks(script: Path, other_src: Path, runs: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """Both checks in this process, taking turns call by call (the order swapped each time), so
+    other work on the machine weighs on both alike: median and best ms of each, per measure."""
+    import ast
+    import importlib
+
+    folder = Path(tempfile.mkdtemp(prefix="mpslaunch-other-"))
+    packages = {"this checkout": "mpslaunch", str(other_src): renamed_copy(other_src, folder)}
+    clock, text, actions = CLOCK[0], script.read_text(), {}
+    for label, package in packages.items():
+        check = importlib.import_module(f"{package}.check")
+        cache = importlib.import_module(f"{package}.check.cache")
+        reading = importlib.import_module(f"{package}.check.reading")
+        target = check.Target("mps", 1, "Darwin")
+        kept = folder / f"kept-{package}"
+        sources = reading.read_sources(script, whole=False)
+        report = check.check_sources(sources, target)
+        if hasattr(sources, "read"):
+            cache.save(script, target, sources.read, sources.absent, report, kept, sources.listed)
+        else:
+            cache.save(script, target, sources, report, kept)
+        try:
+            digests = importlib.import_module(f"{package}.check.registry")._digest
+        except ImportError:
+            digests = []
+
+        def seen_before(cache=cache, target=target, kept=kept, digests=digests):
+            digests.clear()  # worked out once per launch
+            assert cache.read(script, target, kept) is not None
+
+        actions[label] = {
+            "ast.parse alone": lambda: ast.parse(text),
+            "mpslaunch check (whole file)": lambda check=check, target=target: check.check_script(script, target),
+            "launch, first check": lambda check=check, target=target: check.check_script(script, target, whole=False),
+            "launch, script seen before": seen_before,
+        }
+    samples = {label: {name: [] for name in measures} for label, measures in actions.items()}
+    labels = list(actions)
+    for name in actions[labels[0]]:
+        for label in labels:
+            actions[label][name]()  # warm-up
+        for turn in range(runs):
+            for label in (labels if turn % 2 == 0 else labels[::-1]):
+                start = clock()
+                actions[label][name]()
+                samples[label][name].append(clock() - start)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {label: {name: (1000 * statistics.median(values), 1000 * min(values)) for name, values in measures.items()}
+            for label, measures in samples.items()}
+
+
 def time_checks_of(trees: dict[str, Path], script: Path, runs: int, rounds: int, clock: str) -> dict:
     """time_checks of each tree's check in children that take turns: the median of each
     round's medians, and the best."""
@@ -351,6 +416,14 @@ def main() -> int:
             print(f"  {label.strip() or 'this checkout'}")
             for name, (median, best) in times.items():
                 print(f"    {name:30} {median:7.1f} ({best:.1f})")
+        paired = paired_checks(script, options.also_src.resolve(), options.check_runs * options.rounds)
+        print(f"the same in one process, the two checks taking turns, {options.check_runs * options.rounds} "
+              f"runs each, {options.clock} time: median ms (best), and this checkout's over the other's")
+        mine, theirs = paired.values()
+        for name in mine:
+            ratio = mine[name][0] / theirs[name][0] if theirs[name][0] else float("nan")
+            print(f"  {name:30} {mine[name][0]:7.1f} ({mine[name][1]:.1f})  {theirs[name][0]:7.1f} "
+                  f"({theirs[name][1]:.1f})  {ratio:5.2f}")
     else:
         print(f"{lines}-line script, {options.check_runs} runs each, {options.clock} time: median ms (best)")
         for name, (median, best) in time_checks(script, options.check_runs).items():

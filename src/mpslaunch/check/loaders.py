@@ -46,19 +46,18 @@ def pickled(rules, call: ast.Call, where: Where, name: str | None, qualified: st
     if qualified not in DATALOADER:
         return
     arguments = Arguments(call, where)
-    started = _started(rules, arguments, where)
+    found = [("callable", {"part": part, "what": unpicklable(arguments.get(part), where)})
+             for part in ("collate_fn", "worker_init_fn")]
+    found.append(("dataset", {"what": dataset_unpicklable(arguments.get("dataset"), where)}))
+    found = [(kind, fields) for kind, fields in found if fields["what"]]
+    started = _started(rules, arguments, where) if found else None  # how many workers: only if it matters
     if not started:
         return
     # a spawned worker finds a function by its module: a notebook's own functions have none
     home = ("in a .py module beside the notebook, and import it" if where.facts.source.cells is not None
             else "with def at module level")
-    for part in ("collate_fn", "worker_init_fn"):
-        what = unpicklable(arguments.get(part), where)
-        if what:
-            rules.add(where, call, "workers-pickle", "callable", part=part, what=what, started=started, home=home)
-    what = dataset_unpicklable(arguments.get("dataset"), where)
-    if what:
-        rules.add(where, call, "workers-pickle", "dataset", what=what, started=started, home=home)
+    for kind, fields in found:
+        rules.add(where, call, "workers-pickle", kind, started=started, home=home, **fields)
 
 
 def _started(rules, arguments: "Arguments", where: Where) -> str | None:
@@ -210,7 +209,7 @@ def dataset_unpicklable(node: ast.expr | None, where: Where) -> str | None:
                 return found
     if isinstance(node.func, ast.Name):
         cls, _ = where.scope.lookup(node.func.id)
-        if isinstance(cls, ast.ClassDef):
+        if isinstance(cls, ast.ClassDef) and where.facts.may_hold_a_lambda(cls):
             return _stored_lambda(cls)
     return None
 

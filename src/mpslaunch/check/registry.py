@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from mpslaunch.check.target import Target
 
@@ -169,10 +170,14 @@ BY_NAME = {rule.name: rule for rule in RULES}
 class Check:
     """What one rule does in one check: handed the calls (and branches) its declaration asks
     for; `finish` once the walk is over. A plain function registered with `implements` is the
-    `call` of a Check."""
+    `call` of a Check (its `function`)."""
+
+    function = None  # (rules, call, where, name, qualified)
 
     def __init__(self, rules, rule: Rule):
         self.rules, self.rule = rules, rule
+        if self.function is not None:  # called as it is, with no method in between
+            self.call = partial(self.function, rules)
 
     def call(self, call, where, name: str | None, qualified: str | None) -> None:
         pass
@@ -196,8 +201,7 @@ def implements(name: str) -> Callable:
         if isinstance(code, type):
             IMPLEMENTATIONS[name] = code
         else:
-            IMPLEMENTATIONS[name] = type(f"Check_{name}", (Check,), {
-                "call": lambda self, *arguments: code(self.rules, *arguments)})
+            IMPLEMENTATIONS[name] = type(f"Check_{name}", (Check,), {"function": staticmethod(code)})
         return code
     return register
 

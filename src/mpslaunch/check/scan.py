@@ -32,6 +32,7 @@ _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)
 _DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
 _CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
 _DEVICE_COUNT = re.compile("device_count")
+_LAMBDA = re.compile("lambda")
 _BOUND = re.compile(r"[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)")  # a line that binds a name
 
 
@@ -85,9 +86,14 @@ class FileFacts:
                        *(line for line in lines.variables if "environ[" in texts[line - 1])})
 
     def may_raise(self, node: ast.AST) -> bool:
-        lines = self.raising_lines
-        index = bisect.bisect_left(lines, node.lineno)
-        return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)
+        return _spans(self.raising_lines, node)
+
+    @cached_property
+    def lambda_lines(self) -> list[int]:
+        return line_numbers(self.source.words, _LAMBDA)
+
+    def may_hold_a_lambda(self, node: ast.AST) -> bool:
+        return _spans(self.lambda_lines, node)
 
     @cached_property
     def environment_names(self) -> frozenset[str]:
@@ -230,6 +236,12 @@ class Project:
         """Whether any file read chooses mps itself somewhere."""
         return any(re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.words)
                    for facts in self.facts)
+
+
+def _spans(lines: list[int], node: ast.AST) -> bool:
+    """Whether one of the sorted lines lies within node."""
+    index = bisect.bisect_left(lines, node.lineno)
+    return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)
 
 
 def prepare(files: Iterable[SourceFile], writers: Iterable[SourceFile] = ()) -> Project:

@@ -239,27 +239,31 @@ def stops(statement: ast.AST, where: Where) -> bool:
     """Whether a statement always stops its block on the plan: raise, return, continue, break,
     exit(); an assert of a device test that does not hold there (or of any test the plan
     decides is false); an if/elif/else whose every branch the plan may take stops; a statement
-    that always raises there (raises: a division by torch.cuda.device_count() without
-    CUDA, os.environ["RANK"] where the plan removes RANK)."""
+    that always raises there (raises: a division by torch.cuda.device_count() without CUDA,
+    os.environ["RANK"] where the plan removes RANK)."""
     kind = type(statement)
-    if kind in (ast.Raise, ast.Return, ast.Continue, ast.Break):
+    if kind in _ASSIGNMENTS:  # the most common: looked at only on a line that may raise
+        return statement.value is not None and where.facts.may_raise(statement) and raises(statement.value, where)
+    if kind is ast.Expr:
+        return _exits(statement.value) or where.facts.may_raise(statement) and raises(statement.value, where)
+    if kind in _STOPPERS:
         return True
-    values, scope = where.values, where.scope
-    if kind is ast.Assert:
-        value, reads = values.test(statement.test, scope)
-        return reads == "device" and value is not True or reads is not None and value is False \
-            or where.facts.may_raise(statement) and raises(statement.test, where)
     if kind is ast.If:
         if where.facts.may_raise(statement.test) and raises(statement.test, where):
             return True
-        value, reads = values.test(statement.test, scope)
+        value, reads = where.values.test(statement.test, where.scope)
         taken = (statement.body, statement.orelse) if value is UNKNOWN or reads is None else \
             (statement.body if value else statement.orelse,)
         return all(any(stops(inner, where) for inner in part) for part in taken)
-    if kind is ast.Expr and _exits(statement.value):
-        return True
-    return kind in (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign) and statement.value is not None \
-        and where.facts.may_raise(statement) and raises(statement.value, where)
+    if kind is ast.Assert:
+        value, reads = where.values.test(statement.test, where.scope)
+        return reads == "device" and value is not True or reads is not None and value is False \
+            or where.facts.may_raise(statement) and raises(statement.test, where)
+    return False
+
+
+_ASSIGNMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign)
+_STOPPERS = (ast.Raise, ast.Return, ast.Continue, ast.Break)
 
 
 def raises(node: ast.AST, where: Where) -> bool:
