@@ -15,8 +15,7 @@ import ast
 from collections.abc import Iterable
 
 from mpslaunch.check.reading import statements
-from mpslaunch.check.selection import SETS_ANY_VARIABLE as _SET_ANY
-from mpslaunch.check.selection import SETS_VARIABLE as _SET
+from mpslaunch.check.selection import sets_a_variable
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -54,10 +53,11 @@ def _settings(files: Iterable) -> dict[str, list[list[tuple[str, int, int]]]] | 
         if not source.lines.variables:
             continue
         texts = source.words.split("\n")
+        sets_one, sets_any = sets_a_variable()
         for line in source.lines.variables:
-            if _SET_ANY.search(texts[line - 1]):
+            if sets_any.search(texts[line - 1]):
                 return None
-            for match in _SET.finditer(texts[line - 1]):
+            for match in sets_one.finditer(texts[line - 1]):
                 found.setdefault(next(filter(None, match.groups())), []).append(
                     [(str(source.path), *span) for span in _tests_before(source.tree, line)])
     return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 from functools import lru_cache
 
 from mpslaunch.check import registry
@@ -29,11 +29,6 @@ _TOP_LEVEL = re.compile(r"(?m)^(?![ \t]|#|\n|[)\]}]|else\b|elif\b|except\b|final
 _DEFINITION = re.compile(r"(?:async[ \t]+)?def[ \t]|class[ \t]|@")
 _LETTER = re.compile(r"[A-Za-z]")
 _DEFINED = re.compile(r"(?m)^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")
-# A line that sets an environment variable (environment.py), or may set any of them.
-SETS_VARIABLE = re.compile(r"""environ\[\s*["'](\w+)["']\s*\]\s*(?:=(?!=)|[-+]=)"""
-                           r"""|environ\.(?:setdefault|pop)\(\s*["'](\w+)["']|\bdel\s+[\w.]*environ\[\s*["'](\w+)["']""")
-SETS_ANY_VARIABLE = re.compile(r"""environ\.(?:update|clear|popitem)\(|\b(?:putenv|unsetenv)\(|\benviron\s*=(?!=)"""
-                               r"""|environ\[(?!\s*["'])[^\]\n]*\]\s*=(?!=)""")
 
 
 def folded(text: str) -> str:
@@ -57,12 +52,21 @@ def triggers() -> tuple[str, ...]:
 _VARIABLES = re.compile(r"environ|getenv|putenv|unsetenv")  # what reads or sets an environment variable
 
 
-@dataclass(frozen=True)
-class Lines:
-    """The sorted numbers of the lines that matter."""
+class Lines(namedtuple("Lines", "wanted variables")):
+    """The sorted numbers of the lines that matter: those a rule can be about (`wanted`), and
+    those that read or set an environment variable (`variables`)."""
 
-    wanted: list[int]  # a rule can be about them
-    variables: list[int]  # they read or set an environment variable
+    __slots__ = ()
+
+
+@lru_cache(maxsize=1)
+def sets_a_variable() -> tuple[re.Pattern, re.Pattern]:
+    """What a line that sets an environment variable looks like (environment.py): one that sets
+    a named one, and one that may set any of them. Compiled only for a text that names environ."""
+    return (re.compile(r"""environ\[\s*["'](\w+)["']\s*\]\s*(?:=(?!=)|[-+]=)"""
+                       r"""|environ\.(?:setdefault|pop)\(\s*["'](\w+)["']|\bdel\s+[\w.]*environ\[\s*["'](\w+)["']"""),
+            re.compile(r"""environ\.(?:update|clear|popitem)\(|\b(?:putenv|unsetenv)\(|\benviron\s*=(?!=)"""
+                       r"""|environ\[(?!\s*["'])[^\]\n]*\]\s*=(?!=)"""))
 
 
 @lru_cache(maxsize=4)
@@ -91,8 +95,9 @@ def lines_of(text: str) -> Lines:
     if "environ" in text or "getenv" in text or "putenv" in text:
         variables = sorted({bisect.bisect_left(newlines, match.start()) + 1 for match in _VARIABLES.finditer(text)})
         texts = text.split("\n")  # a variable set: whether the plan still decides it depends on where
-        wanted.update(line for line in variables if SETS_VARIABLE.search(texts[line - 1])
-                      or SETS_ANY_VARIABLE.search(texts[line - 1]))
+        sets_one, sets_any = sets_a_variable()
+        wanted.update(line for line in variables if sets_one.search(texts[line - 1])
+                      or sets_any.search(texts[line - 1]))
     return Lines(sorted(wanted), variables)
 
 
