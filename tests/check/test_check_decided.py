@@ -54,7 +54,7 @@ def test_a_variable_the_script_sets_itself_is_not_the_plans(tmp_path):
         "ddp = int(", 'os.environ.setdefault("RANK", "0")\nos.environ.setdefault("LOCAL_RANK", "0")\nddp = int(')
     script = write_script(tmp_path, "sets_rank.py", body)
     rules = {text for _, _, text in findings(*MAC, str(script))}
-    assert "torch.cuda.set_device()" in rules  # RANK may be there now: the ddp branch is read
+    assert "torch.cuda.set_device()" in rules  # the script may have set RANK: the ddp branch is read
     assert "torch.cuda.set_device()" not in {text for _, _, text in findings(*MAC, str(SCRIPTS / "rank_ddp.py"))}
 
 
