@@ -55,7 +55,8 @@ def _findings(script: Path, target: Target, folder: Path) -> cache.Kept:
         from mpslaunch.check.reading import read_sources
 
         sources = read_sources(script, whole=False)
-        kept = cache.save(script, target, sources, check_sources(sources, target), folder)
+        kept = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target),
+                          folder, sources.listed)
     return kept
 
 

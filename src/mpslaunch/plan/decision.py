@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
-from mpslaunch.plan.child import (REMOVED_WHY, accelerate_environment, accelerate_notes,
+from mpslaunch.plan.child import (accelerate_environment, accelerate_notes,
                                   check_multi_gpu, child_command, child_environment, no_effect,
                                   other_launchers_variables, replaced_values, with_gpu_ids)
 from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
+from mpslaunch.plan.environment import REMOVED_WHY
 from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
                                       own_name_problem, several_machines_settings)
