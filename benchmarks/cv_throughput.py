@@ -46,22 +46,28 @@ PET_CLASSES = 37
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): loss [\d.]+, ([\d,]+) training images/s")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", default="examples/cv_example.py,"
-                        "examples/complete_cv_example.py", help="comma-separated example files")
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The images, model and precision: the same options in cv_data_path.py."""
     parser.add_argument("--scenario", choices=("demo", "photos"), default="demo")
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--image_size", type=int, help="default: 64 (demo), 224 (photos)")
     parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
     parser.add_argument("--cpu", action="store_true", help="even when a GPU is there")
-    parser.add_argument("--photos", type=int, help="default 8000 on a GPU, 240 on the CPU")
+    parser.add_argument("--images", type=int, help="how many: default all 1,797 digits (demo); "
+                        "8000 photos on a GPU, 240 on the CPU (photos)")
+    parser.add_argument("--data_root", type=Path,
+                        default=Path(tempfile.gettempdir()) / "cv_throughput_data")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", default="examples/cv_example.py,"
+                        "examples/complete_cv_example.py", help="comma-separated example files")
+    add_job_arguments(parser)
     parser.add_argument("--epochs", type=int, default=2, help="of each end-to-end run")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each, the best kept")
     parser.add_argument("--seconds", type=float, default=8.0, help="of each pure-step run")
-    parser.add_argument("--data_root", type=Path,
-                        default=Path(tempfile.gettempdir()) / "cv_throughput_data")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--worker", choices=("pure_step", "data"), help=argparse.SUPPRESS)
     parser.add_argument("--example", help=argparse.SUPPRESS)
@@ -117,12 +123,12 @@ def write_photo(task: tuple[Path, int]) -> None:
 def make_images(args) -> tuple[Path, int]:
     """The scenario's folder (kept and reused once complete) and its number of classes."""
     if args.scenario == "demo":
-        folder, classes = args.data_root / "demo", 10
+        folder, classes = args.data_root / f"demo_{args.images or 'all'}", 10
         if not (folder / ".complete").exists():
             load(EXAMPLES / "make_demo_images.py", "make_demo_images").write_demo_images(
-                folder, size=64)
+                folder, count=args.images, size=64)
     else:
-        count = args.photos or (240 if args.cpu else 8000)
+        count = args.images or (240 if args.cpu else 8000)
         folder, classes = args.data_root / f"photos_{count}", PET_CLASSES
         if not (folder / ".complete").exists():
             folder.mkdir(parents=True, exist_ok=True)

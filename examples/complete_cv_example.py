@@ -8,8 +8,7 @@
 Checkpoints go to `--output_dir`/checkpoints, whole or not at all: a full disk ends the run with
 one line and leaves the earlier ones as they were. A resume, mid-epoch too, ends with the very
 weights of a run that never stopped. SIGTERM or Ctrl-C finishes the step, saves and exits with
-128 + the signal number (143, 130), every process at the same step; a second Ctrl-C stops at once.
-"""
+128 + the signal number (143, 130), every process at the same step; a second Ctrl-C stops now."""
 
 import argparse
 import json
@@ -28,6 +27,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler, random_split
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 
 PROG = "complete_cv_example"
@@ -49,9 +49,11 @@ def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
                 and not any(part.startswith(".") for part in parts):  # not macOS `._*` files
             samples.append((path, label))
     classes = sorted({label for _, label in samples})
-    if len(classes) < 2:
-        raise InputError(f"found images of {len(classes)} class(es) in {data_dir}; it needs two or "
-                         f"more (a demo set: python examples/make_demo_images.py {data_dir})")
+    if len(classes) < 2:  # a missing or empty folder, one of other files, one of one class
+        found = f"images of {len(classes)} class(es)" if data_dir.is_dir() else "no such folder"
+        raise InputError(f"--data_dir {data_dir}: {found}; it needs Label_Name_123.jpg files or "
+                         "one sub-folder of .jpg/.png files per class, two classes or more "
+                         f"(a demo set: python examples/make_demo_images.py {data_dir})")
     samples = [(path, classes.index(label)) for path, label in samples]
     eval_count = max(1, round(len(samples) * 0.2))
     return classes, *random_split(samples, [len(samples) - eval_count, eval_count],
@@ -71,15 +73,14 @@ class EpochOrder(RandomSampler):
 
 
 class ImageFiles(Dataset):
-    """(uint8 image, label), decoded by Pillow (as in torchvision's ImageFolder) in DataLoader
-    workers; a damaged file raises there, and `unreadable` (in shared memory) marks it."""
+    """(uint8 image, label), decoded and cropped in workers; `unreadable` marks damaged files."""
 
     def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool):
         self.samples, self.image_size = samples, image_size
         self.unreadable = torch.zeros(len(samples), dtype=torch.bool).share_memory_()
-        crops = [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()] \
-            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)]
-        self.transform = v2.Compose([*crops, v2.PILToTensor()])  # Pillow resizes the quickest
+        self.transform = v2.Compose(
+            [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()]
+            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)])
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -87,14 +88,18 @@ class ImageFiles(Dataset):
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         index, epoch = item if isinstance(item, tuple) else (item, 0)
         path, label = self.samples[index]
-        with torch.random.fork_rng(devices=[]):  # the CPU generator is as it was after: in the
-            torch.random.default_generator.manual_seed(epoch * len(self) + index)  # training
-            try:
+        try:  # torchvision's JPEG reader (libjpeg-turbo), the quickest
+            image = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+        except RuntimeError:  # a PNG or a damaged file: Pillow, which raises on a damaged one
+            try:  # (torchvision's PNG reader can crash the process on those)
                 with Image.open(path) as picture:
-                    return self.transform(picture.convert("RGB")), label
+                    image = v2.functional.pil_to_tensor(picture.convert("RGB"))
             except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
                 self.unreadable[index] = True
                 return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8), SKIPPED
+        with torch.random.fork_rng(devices=[]):  # the CPU generator is as it was after: in the
+            torch.random.default_generator.manual_seed(epoch * len(self) + index)  # training
+            return self.transform(image), label
 
 
 def ignore_stop_signals(_worker_id: int) -> None:
@@ -108,8 +113,7 @@ def ask_to_stop(number: int, _frame) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt
 
 
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 batches travel to the device (4x less to copy than float32) and become float here."""
+def normalize(images: torch.Tensor) -> torch.Tensor:  # uint8 batches: 4x less to copy than float
     return (images.float() - 114.5) / 57.6  # ImageNet's mean and spread of pixel values
 
 
@@ -156,12 +160,12 @@ def evaluate(accelerator, model, loader) -> float:
 
 def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
     classes, train_set, eval_set = find_images(args.data_dir, args.seed)
-    set_seed(args.seed)  # Python's, NumPy's and torch's generators (cuda's and mps's too)
+    set_seed(args.seed)  # Python's, NumPy's and torch's generators (the devices' too)
     if args.model not in torchvision.models.list_models(module=torchvision.models):
         raise InputError(f"unknown --model {args.model!r}; use a torchvision classification "
                          "model, e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
     model = torchvision.models.get_model(args.model, num_classes=len(classes))
-    # Accelerator(): mps on Apple silicon, cuda on NVIDIA, else cpu; the launcher's precision too
+    # Accelerator(): the launcher's device (mps, a GPU or the CPU), precision and processes
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device, processes = accelerator.device, accelerator.num_processes
     if len(train_set) < args.batch_size * processes:  # each process needs a full batch
@@ -169,18 +173,19 @@ def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
                          f"the {len(train_set)} training images")
     datasets = [ImageFiles(samples, args.image_size, train=samples is train_set)
                 for samples in (train_set, eval_set)]
-    # The CPU decodes in line (training takes all its cores); beside a GPU, workers on all CPUs
-    # but one per process. Persistent ones start once (macOS spawns them); CUDA copies pinned.
+    # In line on the CPU (it trains on all cores); beside a GPU, persistent workers (macOS spawns
+    # them) on all CPUs but one per process, and pinned copies during the step (mps pins none).
     workers, local_processes = args.num_workers, int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if workers is None:
         workers = 0 if device.type == "cpu" else max(1, os.cpu_count() // local_processes - 1)
+    accelerator.dataloader_config.non_blocking = pinned = device.type not in ("cpu", "mps")
     options = dict(batch_size=args.batch_size, num_workers=workers, persistent_workers=workers > 0,
-                   pin_memory=device.type == "cuda", worker_init_fn=ignore_stop_signals,
+                   pin_memory=pinned, worker_init_fn=ignore_stop_signals,
                    generator=torch.Generator())  # its own: the training's (dropout's) stays as is
     order = EpochOrder(train_set, generator=torch.Generator())  # reseeded at each epoch
     train_loader = DataLoader(datasets[0], sampler=order, drop_last=True, **options)
     eval_loader = DataLoader(datasets[1], **options)
-    if device.type != "mps":  # channels_last speeds convolutions up on CUDA and CPUs, not MPS
+    if device.type != "mps":  # channels_last speeds convolutions up on GPUs and CPUs, not mps
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr / 25)  # one cycle: a warm-up
     scheduler = torch.optim.lr_scheduler.OneCycleLR(  # to --lr, then down; the steps counted
@@ -198,7 +203,7 @@ def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
     elif checkpoint and not Path(checkpoint).is_dir():
         raise InputError(f"--resume_from_checkpoint {checkpoint}: no such checkpoint folder")
     if checkpoint:  # load_state(): weights, optimizer, schedule, progress, random states, onto
-        accelerator.load_state(str(checkpoint))  # this device (a save from mps resumes on cuda)
+        accelerator.load_state(str(checkpoint))  # this device (a save from mps resumes on a GPU)
         accelerator.print(f"{PROG}: resumed from {checkpoint} at step {progress['global_step']}")
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, ask_to_stop)
@@ -218,7 +223,7 @@ def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
             loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels,
                                                      reduction="sum", ignore_index=SKIPPED)
             loss = loss / (labels != SKIPPED).sum().clamp_min(1)  # the mean over decoded images
-            accelerator.backward(loss)  # scales fp16 losses (cuda, mps); DDP averages (cuda, cpu)
+            accelerator.backward(loss)  # scales fp16 losses; DDP averages the processes'
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -227,9 +232,8 @@ def train(args) -> int:  # the exit code: 0, or 128 + N after signal N
             if str(args.checkpointing_steps).isdigit() \
                     and progress["global_step"] % int(args.checkpointing_steps) == 0:
                 save_checkpoint()
-            if STOP and processes > 1:
-                accelerator.set_trigger()  # check_trigger(): True in all processes once one set
-            # it (an all-reduce: nccl on cuda, gloo on cpu); one process (as on mps) needs none.
+            if STOP and processes > 1:  # check_trigger(): True in all once one set it
+                accelerator.set_trigger()  # (an all-reduce); one process (as on mps) needs none
             if STOP if processes == 1 else accelerator.check_trigger():
                 accelerator.print(f"{PROG}: stopped at step {progress['global_step']} by a signal; "
                                   f"saved {save_checkpoint()}; continue with "
@@ -283,10 +287,8 @@ def parse_args(argv: list[str] | None = None):
     add("--seed", type=int, default=42, help="fixes the split, the weights, the augmentation")
     add("--cpu", action="store_true", help="Accelerator(cpu=True), else the launcher's choice")
     add("--mixed_precision", choices=("no", "fp16", "bf16"), help="else the launcher's choice")
-    add("--checkpointing_steps", metavar="epoch|N",
-        help="save a checkpoint after every epoch or every N steps")
-    add("--resume_from_checkpoint", metavar="PATH|latest",
-        help="a checkpoint folder, or the latest in --output_dir/checkpoints")
+    add("--checkpointing_steps", metavar="epoch|N", help="save after every epoch or N steps")
+    add("--resume_from_checkpoint", metavar="PATH|latest", help="a checkpoint, or the latest one")
     args = parser.parse_args(argv)
     for name in ("num_epochs", "batch_size", "image_size", "lr"):
         if not getattr(args, name) > 0:

@@ -21,6 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, random_split
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
@@ -42,9 +43,11 @@ def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
                 and not any(part.startswith(".") for part in parts):  # not macOS `._*` files
             samples.append((path, label))
     classes = sorted({label for _, label in samples})
-    if len(classes) < 2:
-        raise InputError(f"found images of {len(classes)} class(es) in {data_dir}; it needs two or "
-                         f"more (a demo set: python examples/make_demo_images.py {data_dir})")
+    if len(classes) < 2:  # a missing or empty folder, one of other files, one of one class
+        found = f"images of {len(classes)} class(es)" if data_dir.is_dir() else "no such folder"
+        raise InputError(f"--data_dir {data_dir}: {found}; it needs Label_Name_123.jpg files or "
+                         "one sub-folder of .jpg/.png files per class, two classes or more "
+                         f"(a demo set: python examples/make_demo_images.py {data_dir})")
     samples = [(path, classes.index(label)) for path, label in samples]
     eval_count = max(1, round(len(samples) * 0.2))
     return classes, *random_split(samples, [len(samples) - eval_count, eval_count],
@@ -52,41 +55,33 @@ def find_images(data_dir: Path, seed: int) -> tuple[list[str], list, list]:
 
 
 class ImageFiles(Dataset):
-    """(uint8 image, label), decoded by Pillow (as in torchvision's ImageFolder) in DataLoader
-    workers; a damaged file raises there, and `unreadable` (in shared memory) marks it."""
+    """(uint8 image, label), decoded and cropped in workers; `unreadable` marks damaged files."""
 
     def __init__(self, samples: list[tuple[Path, int]], image_size: int, train: bool):
         self.samples, self.image_size = samples, image_size
         self.unreadable = torch.zeros(len(samples), dtype=torch.bool).share_memory_()
-        crops = [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()] \
-            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)]
-        self.transform = v2.Compose([*crops, v2.PILToTensor()])  # Pillow resizes the quickest
+        self.transform = v2.Compose(
+            [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0)), v2.RandomHorizontalFlip()]
+            if train else [v2.Resize(round(image_size / 0.875)), v2.CenterCrop(image_size)])
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        try:
-            with Image.open(path) as picture:
-                return self.transform(picture.convert("RGB")), label
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
-            self.unreadable[index] = True
-            return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8), SKIPPED
+        try:  # torchvision's JPEG reader (libjpeg-turbo), the quickest
+            image = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+        except RuntimeError:  # a PNG or a damaged file: Pillow, which raises on a damaged one
+            try:  # (torchvision's PNG reader can crash the process on those)
+                with Image.open(path) as picture:
+                    image = v2.functional.pil_to_tensor(picture.convert("RGB"))
+            except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+                self.unreadable[index] = True
+                return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8), SKIPPED
+        return self.transform(image), label
 
 
-def make_loader(dataset: Dataset, args, device: torch.device, **options) -> DataLoader:
-    # The CPU decodes in line (training takes all its cores); beside a GPU, workers on all CPUs
-    # but one per process. Persistent ones start once (macOS spawns them); CUDA copies pinned.
-    workers, local_processes = args.num_workers, int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if workers is None:
-        workers = 0 if device.type == "cpu" else max(1, os.cpu_count() // local_processes - 1)
-    return DataLoader(dataset, batch_size=args.batch_size, num_workers=workers,
-                      persistent_workers=workers > 0, pin_memory=device.type == "cuda", **options)
-
-
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 batches travel to the device (4x less to copy than float32) and become float here."""
+def normalize(images: torch.Tensor) -> torch.Tensor:  # uint8 batches: 4x less to copy than float
     return (images.float() - 114.5) / 57.6  # ImageNet's mean and spread of pixel values
 
 
@@ -94,22 +89,21 @@ def train_epoch(accelerator, model, optimizer, scheduler, loader, title: str):
     """One pass over the training images: their mean loss and the images/s."""
     images_per_step = loader.total_batch_size  # all processes' batches
     # A bar on a terminal (none in a log) from each machine's first process (mps has only one).
-    bar = tqdm(total=len(loader) * images_per_step, desc=title, unit="img", leave=False,
-               dynamic_ncols=True, disable=None if accelerator.is_local_main_process else True)
-    started, loss_sum = time.perf_counter(), torch.zeros((), device=accelerator.device)
-    for step, (images, labels) in enumerate(loader, start=1):
-        loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels,
-                                                 reduction="sum", ignore_index=SKIPPED)
-        loss = loss / (labels != SKIPPED).sum().clamp_min(1)  # the mean over decoded images
-        accelerator.backward(loss)  # scales fp16 losses (cuda, mps); DDP averages (cuda, cpu)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum += loss.detach()  # on the device: no waiting for it
-        if bar.update(images_per_step):  # True when it redraws: reading the loss waits for
-            bar.set_postfix(loss=f"{loss_sum.item() / step:.3f}", refresh=False)  # the device
-    bar.close()
-    # reduce(): the mean over the processes (nccl on cuda, gloo on cpu); one keeps its own.
+    with tqdm(total=len(loader) * images_per_step, unit="img", leave=False, dynamic_ncols=True,
+              desc=title, disable=None if accelerator.is_local_main_process else True) as bar:
+        started, loss_sum = time.perf_counter(), torch.zeros((), device=accelerator.device)
+        for step, (images, labels) in enumerate(loader, start=1):
+            loss = torch.nn.functional.cross_entropy(model(normalize(images)), labels,
+                                                     reduction="sum", ignore_index=SKIPPED)
+            loss = loss / (labels != SKIPPED).sum().clamp_min(1)  # the mean over decoded images
+            accelerator.backward(loss)  # scales fp16 losses; DDP averages the processes'
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach()  # on the device: no waiting for it
+            if bar.update(images_per_step):  # True when it redraws: reading the loss waits for
+                bar.set_postfix(loss=f"{loss_sum.item() / step:.3f}", refresh=False)  # the device
+    # reduce(): the mean over the processes (one keeps its own)
     mean_loss = accelerator.reduce(loss_sum, reduction="mean").item() / len(loader)
     return mean_loss, len(loader) * images_per_step / (time.perf_counter() - started)
 
@@ -129,13 +123,12 @@ def evaluate(accelerator, model, loader) -> float:
 
 def train(args) -> None:
     classes, train_set, eval_set = find_images(args.data_dir, args.seed)
-    set_seed(args.seed)  # Python's, NumPy's and torch's generators (cuda's and mps's too)
+    set_seed(args.seed)  # Python's, NumPy's and torch's generators (the devices' too)
     if args.model not in torchvision.models.list_models(module=torchvision.models):
         raise InputError(f"unknown --model {args.model!r}; use a torchvision classification "
                          "model, e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0")
     model = torchvision.models.get_model(args.model, num_classes=len(classes))
-    # Accelerator(): mps on Apple silicon, cuda on NVIDIA, else cpu; the launcher's precision and
-    # processes (cpu=False and mixed_precision=None, the defaults, leave them to it).
+    # Accelerator(): the launcher's device (mps, a GPU or the CPU), precision and processes
     accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
     device, processes = accelerator.device, accelerator.num_processes
     if len(train_set) < args.batch_size * processes:  # each process needs a full batch
@@ -143,15 +136,22 @@ def train(args) -> None:
                          f"the {len(train_set)} training images")
     datasets = [ImageFiles(samples, args.image_size, train=samples is train_set)
                 for samples in (train_set, eval_set)]
-    train_loader = make_loader(datasets[0], args, device, shuffle=True, drop_last=True)
-    eval_loader = make_loader(datasets[1], args, device)
-    if device.type != "mps":  # channels_last speeds convolutions up on CUDA and CPUs, not MPS
+    # In line on the CPU (it trains on all cores); beside a GPU, persistent workers (macOS spawns
+    # them) on all CPUs but one per process, and pinned copies during the step (mps pins none).
+    workers, local_processes = args.num_workers, int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if workers is None:
+        workers = 0 if device.type == "cpu" else max(1, os.cpu_count() // local_processes - 1)
+    accelerator.dataloader_config.non_blocking = pinned = device.type not in ("cpu", "mps")
+    options = dict(batch_size=args.batch_size, num_workers=workers, persistent_workers=workers > 0,
+                   pin_memory=pinned)
+    train_loader = DataLoader(datasets[0], shuffle=True, drop_last=True, **options)
+    eval_loader = DataLoader(datasets[1], **options)
+    if device.type != "mps":  # channels_last speeds convolutions up on GPUs and CPUs, not mps
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr / 25)  # one cycle: a warm-up
     scheduler = torch.optim.lr_scheduler.OneCycleLR(  # to --lr, then down; the steps counted
         optimizer, args.lr, total_steps=args.num_epochs * len(train_loader))  # before prepare()
-    # prepare(): the model to the device (in DDP with several processes: cuda, cpu); each loader
-    # gives this process its share of the batches, on the device.
+    # prepare(): the model to the device (in DDP with processes); each loader its share, there
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, scheduler, train_loader, eval_loader)
     accuracies = []

@@ -4,7 +4,7 @@
 # Each `# %%` block is a notebook cell (Jupyter, VS Code, or `jupytext --to notebook`); the file
 # also runs as a script: `python examples/notebook_launch.py`.
 # `mpslaunch.launch` makes the plan `mpslaunch launch` would make on this machine: mps on Apple
-# silicon, cuda on NVIDIA (one process per GPU), cpu otherwise.
+# silicon, a GPU elsewhere (one process per GPU), the CPU otherwise.
 
 # %%
 import mpslaunch

@@ -1,10 +1,13 @@
-"""Shared test helpers: described machines, an isolated config folder, and the CLI in a subprocess."""
+"""Shared test helpers: described machines, an isolated config folder, the CLI in a subprocess,
+and the local SLURM for the tests marked `slurm`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -217,15 +220,29 @@ def write_script(folder: Path, name: str, body: str) -> Path:
 def small_disk(folder: Path, size: str):
     """A tmpfs of `size` (such as "1m") mounted on the new `folder`, unmounted at the end: a disk
     that really fills up. It needs root; elsewhere the test skips with the reason."""
+    with _tmpfs(folder, f"size={size}", "a small tmpfs (a disk that fills up)"):
+        yield folder
+
+
+@contextmanager
+def read_only_disk(folder: Path):
+    """A tmpfs mounted read-only on the new `folder` (EROFS on every write, even root's),
+    unmounted at the end. It needs root; elsewhere the test skips with the reason."""
+    with _tmpfs(folder, "ro,size=1m", "a read-only tmpfs"):
+        yield folder
+
+
+@contextmanager
+def _tmpfs(folder: Path, options: str, what: str):
     folder.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        pytest.skip(f"mounting {what} needs root")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
                            capture_output=True, text=True)
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
-        yield folder
+        yield
     finally:
         subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
@@ -287,3 +304,132 @@ def build_standin_libproc(folder) -> str:
     source.write_text(STANDIN_LIBPROC)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     return str(library)
+
+
+# A real SLURM for the tests marked `slurm`: two nodes on this host (tests/slurm/local_slurm.sh).
+
+LOCAL_SLURM = REPO / "tests" / "slurm" / "local_slurm.sh"
+REQUIRE_SLURM = "MPSLAUNCH_REQUIRE_SLURM"  # set to 1 (by .ci/run): a skipped slurm test fails
+SLURM_JOB_NOT_ENDED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+
+
+# The job's variables SLURM sets everywhere in a job; a step, a batch script and salloc differ
+# (measured on the local SLURM, slurm 22.05).
+SLURM_JOB = {
+    "SLURM_CLUSTER_NAME": "mpslaunch", "SLURM_JOB_ID": "31", "SLURM_JOBID": "31",
+    "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2", "SLURM_JOB_PARTITION": "local", "SLURM_JOB_CPUS_PER_NODE": "2(x2)",
+    "SLURM_SUBMIT_DIR": "/tmp/slm", "SLURM_SUBMIT_HOST": "vm", "PATH": "/usr/bin:/bin",
+}
+
+
+def slurm_task(procid: int, nodeid: int, localid: int, node: str, **step: str) -> dict[str, str]:
+    """A task of `srun -N2 --ntasks-per-node=2` (the defaults), as SLURM set its environment."""
+    return {**SLURM_JOB, "SLURM_JOB_NAME": "python", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+            "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4",
+            "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": str(procid),
+            "SLURM_NODEID": str(nodeid), "SLURM_LOCALID": str(localid), "SLURM_GTIDS": str(procid),
+            "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node, **step}
+
+
+def slurm_step_of(rank: int, per_node: int, nodes: tuple[str, ...] = ("node01", "node02"),
+                  node_list: str = "node[01-02]", **extra: str) -> dict[str, str]:
+    """Task `rank` of `srun -N{len(nodes)} --ntasks-per-node={per_node}`: SLURM places the tasks
+    in blocks, the first node holding ranks 0 to per_node - 1 (measured)."""
+    count = len(nodes) * per_node
+    step = {"SLURM_STEP_NODELIST": node_list, "SLURM_STEP_NUM_NODES": str(len(nodes)),
+            "SLURM_STEP_NUM_TASKS": str(count), "SLURM_NTASKS": str(count),
+            "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{len(nodes)})" if len(nodes) > 1 else str(per_node),
+            "SLURM_NTASKS_PER_NODE": str(per_node)}
+    return slurm_task(rank, rank // per_node, rank % per_node, nodes[rank // per_node],
+                      **{**step, **extra})
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmCluster:
+    """The local SLURM: its clients' config, and SLURM's commands run with it."""
+
+    conf: str  # what SLURM_CONF says to srun, sbatch, scancel, squeue and scontrol
+
+    def environ(self, **extra: str) -> dict[str, str]:
+        """The test's environment for a SLURM client; srun and sbatch pass it to the job."""
+        return {**os.environ, **extra, "SLURM_CONF": self.conf}
+
+    def run(self, *command: str, timeout: float = 60, env: dict | None = None,
+            **kwargs) -> subprocess.CompletedProcess:
+        """`srun ...`, `sbatch ...`, `scancel ...`: a SLURM client, with a timeout."""
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=self.environ(**(env or {})), stdin=subprocess.DEVNULL, **kwargs)
+
+    def sbatch(self, *arguments: str, **kwargs) -> str:
+        """The id of the batch job `sbatch ARGUMENTS` submitted."""
+        submitted = self.run("sbatch", "--parsable", *arguments, **kwargs)
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """What `scontrol show job` says of the job (its JobState, ExitCode, ...)."""
+        shown = self.run("scontrol", "show", "job", "--oneliner", job_id, timeout=10)
+        return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
+
+    def wait_for_end(self, job_id: str, seconds: float = 60) -> dict[str, str]:
+        """The job's fields once it has ended (COMPLETED, FAILED, CANCELLED, ...)."""
+        def ended() -> dict[str, str] | None:
+            fields = self.job(job_id)
+            return fields if fields and fields.get("JobState") not in SLURM_JOB_NOT_ENDED else None
+
+        fields = wait_for(ended, seconds)
+        assert fields, f"job {job_id} still {self.job(job_id).get('JobState')} after {seconds} s"
+        return fields
+
+
+def local_slurm(command: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LOCAL_SLURM), command], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def slurm_conf(answer: subprocess.CompletedProcess) -> str:
+    """The SLURM_CONF that local_slurm.sh's one line names."""
+    return answer.stdout.rsplit("export SLURM_CONF=", 1)[1].strip()
+
+
+def why_slurm_cannot_start() -> str | None:
+    if sys.platform != "linux":
+        return "the local SLURM runs on Linux only"
+    if os.geteuid() != 0:
+        return f"no local SLURM runs, and starting one needs root: `sudo {LOCAL_SLURM.relative_to(REPO)} start`"
+    if not all(map(shutil.which, ("slurmctld", "slurmd", "srun", "munged"))):
+        return f"SLURM is not installed: `{LOCAL_SLURM.relative_to(REPO)} start` installs it (apt-get) and starts it"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local SLURM: the one running, or one started for this test run and stopped at its end
+    (as root, with the packages installed); else the test skips, saying why."""
+    if (running := local_slurm("status", timeout=30)).returncode == 0:
+        yield SlurmCluster(slurm_conf(running))
+        return
+    if reason := why_slurm_cannot_start():
+        pytest.skip(reason)
+    started = local_slurm("start", timeout=120)
+    if started.returncode != 0:
+        pytest.skip(f"the local SLURM did not start: {started.stderr.strip()[-500:]}")
+    try:
+        yield SlurmCluster(slurm_conf(started))
+    finally:
+        if "already running" not in started.stdout:  # else another test run started it meanwhile
+            local_slurm("stop", timeout=60)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Where SLURM must run (MPSLAUNCH_REQUIRE_SLURM=1, as in CI), a slurm test that skipped failed."""
+    report = yield
+    if report.skipped and item.get_closest_marker("slurm") and os.environ.get(REQUIRE_SLURM) == "1":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_SLURM}=1 and this slurm test skipped: {reason}"
+    return report

@@ -43,10 +43,10 @@ def test_a_profile_value_is_named_by_its_key_and_file(tmp_path):
     assert not (tmp_path / "train.py.ran").exists()
 
 
-def test_a_profile_value_without_a_file_is_named_as_the_flag_would_be():
-    """The Python API passes a Profile object: there is no file to name."""
+def test_a_profile_value_without_a_file_is_named_as_the_profile_s():
+    """A Profile made in Python has no file to name, and was no flag."""
     request = LaunchRequest(target="train.py", cpu=True)
-    with pytest.raises(MpslaunchError, match=r"\(--num_processes 64\)"):
+    with pytest.raises(MpslaunchError, match=r"\(num_processes: 64 in the profile\)"):
         resolve(Profile(num_processes=64), request, MACHINES["linux_cpu"], {})
 
 

@@ -133,7 +133,16 @@ def test_show_says_what_auto_becomes_and_what_would_be_refused(tmp_path):
     assert text.endswith("on this machine: device auto -> mps: Apple M2, macOS 14.5, torch 2.14.1; "
                          "precision no; 1 process")
     profile_files.save(Profile(device="mps"), path)
-    assert "would refuse: the profile asks for mps" in configure.show(str(path), None, LINUX_CPU)
+    assert f"would refuse: device: mps in {path} asks for mps" in \
+        configure.show(str(path), None, LINUX_CPU)
+
+
+def test_show_marks_the_keys_the_file_leaves_to_their_defaults(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("device: cpu\nnum_machines: 1\n")
+    lines = configure.show(str(path), None, LINUX_CPU).splitlines()
+    assert "device: cpu" in lines and "num_machines: 1" in lines  # in the file, even at its default
+    assert "mixed_precision: 'no'  # default" in lines and "machine_rank: 0  # default" in lines
 
 
 # ---------------------------------------------------------------- end to end through the CLI

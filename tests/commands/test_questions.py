@@ -150,7 +150,7 @@ def test_m2_asks_mps_questions_and_never_processes(tmp_path):
                            mps_memory_cap=1.5)
     assert "one process" in notes and "cuda not offered" in notes
     plan = loads_and_resolves(profile, M2_SONOMA, tmp_path)
-    assert plan.device == "mps" and plan.num_processes == 1
+    assert plan.device == "mps" and plan.settings.num_processes == 1
     assert plan.env["PYTORCH_ENABLE_MPS_FALLBACK"] == "0"
     assert plan.env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == "1.5"
 
@@ -168,7 +168,7 @@ def test_linux_8_gpus_defaults_to_every_gpu_and_refuses_a_ninth(tmp_path):
     profile, _ = answer(LINUX_8_GPUS, ENTER + "9" + ENTER + BACKSPACE + "3" + ENTER + "n" + DOWN + DOWN + ENTER)
     assert (profile.num_processes, profile.mixed_precision) == (3, "bf16")
     plan = loads_and_resolves(profile, LINUX_8_GPUS, tmp_path)
-    assert (plan.device, plan.num_processes, plan.engine) == ("cuda", 3, "torchrun")
+    assert (plan.device, plan.settings.num_processes, plan.engine) == ("cuda", 3, "torchrun")
 
 
 def test_several_machines_only_after_a_yes(tmp_path):
@@ -203,7 +203,7 @@ def test_linux_cpu_asks_for_cpu_processes(tmp_path):
     assert profile == Profile(device="cpu", num_processes=4, mixed_precision="bf16")
     assert "fp16 not offered" in notes
     plan = loads_and_resolves(profile, LINUX_CPU, tmp_path)
-    assert (plan.device, plan.num_processes) == ("cpu", 4)
+    assert (plan.device, plan.settings.num_processes) == ("cpu", 4)
 
 
 def test_existing_answers_are_the_defaults():

@@ -217,7 +217,8 @@ def test_cv_example_two_processes_with_workers_on_a_folder_of_pngs(tmp_path):
 
 @pytest.mark.parametrize("damage, workers", [("jpeg cut short", 1), ("png not zlib", 0)])
 def test_cv_example_skips_and_counts_a_corrupt_image(damage, workers, tmp_path):
-    """Pillow raises on the damaged file (in a worker or in line); the run goes on without it."""
+    """torchvision's reader and then Pillow reject the damaged file (in a worker or in line); the
+    run goes on without it."""
     images = tmp_path / "images"
     paths = demo.write_demo_images(images, count=20, size=24, classes=2)
     if damage == "jpeg cut short":
@@ -429,6 +430,18 @@ WHOLE_PNGS = {
 }
 
 
+def test_the_content_picks_the_reader_not_the_name(tmp_path):
+    """A PNG named .jpg (torchvision's JPEG reader refuses it, Pillow reads it) and a JPEG named
+    .png both decode."""
+    jpeg, png = demo.write_demo_images(tmp_path / "j", count=1, size=12)[0], tmp_path / "a.jpg"
+    png.write_bytes(bytes(encode_png(torch.full((3, 5, 7), 200, dtype=torch.uint8)).numpy()))
+    jpeg = jpeg.rename(tmp_path / "b.png")
+    images = cv_example.ImageFiles([(png, 0), (jpeg, 1)], image_size=4, train=False)
+    assert [(image.shape, label) for image, label in (images[0], images[1])] == [((3, 4, 4), 0),
+                                                                                ((3, 4, 4), 1)]
+    assert images[0][0].eq(200).all() and not images.unreadable.any()
+
+
 @pytest.mark.parametrize("kind", WHOLE_PNGS)
 def test_whole_pngs_of_every_kind_decode(kind, tmp_path):
     path = tmp_path / "a.png"
@@ -497,13 +510,17 @@ def two_images(tmp: Path) -> list:
     return ["--data_dir", write_images(tmp / "d", ["a_1.jpg", "b_1.jpg"])]
 
 
+EXPECTED = "it needs Label_Name_123.jpg files or one sub-folder of .jpg/.png files per class"
 BAD_INPUTS = {
     "missing data_dir": (lambda tmp: ["--data_dir", tmp / "nowhere"],
-                         "images of 0 class(es)"),
+                         f"nowhere: no such folder; {EXPECTED}"),
+    "data_dir is a file": (lambda tmp: ["--data_dir", write_images(tmp / "d", ["a_1.jpg"])
+                                        / "a_1.jpg"], "a_1.jpg: no such folder"),
     "empty data_dir": (lambda tmp: ["--data_dir", (tmp / "e").mkdir() or tmp / "e"],
-                       "make_demo_images.py"),
+                       f"e: images of 0 class(es); {EXPECTED}, two classes or more (a demo set: "
+                       "python examples/make_demo_images.py"),
     "no file matches": (lambda tmp: ["--data_dir", write_images(tmp / "d", ["cat.jpg", "x.png"])],
-                        "images of 0 class(es)"),
+                        f"images of 0 class(es); {EXPECTED}"),
     "one class": (lambda tmp: ["--data_dir", write_images(tmp / "d", ["cat_1.jpg", "cat_2.PNG"])],
                   "images of 1 class(es)"),
     "image_size 0": (lambda tmp: [*two_images(tmp), "--image_size", "0"], "--image_size must"),
@@ -527,7 +544,8 @@ COMPLETE_BAD_INPUTS = {
 
 @pytest.mark.parametrize("example, case", [("cv_example", case) for case in BAD_INPUTS]
                          + [("complete_cv_example", case) for case in COMPLETE_BAD_INPUTS]
-                         + [("complete_cv_example", "one class")])
+                         + [("complete_cv_example", case) for case in ("one class",
+                                                                       "missing data_dir")])
 def test_bad_input_is_one_line_and_exit_code_2(example, case, tmp_path, capsys):
     make_args, expected = {**BAD_INPUTS, **COMPLETE_BAD_INPUTS}[case]
     module = cv_example if example == "cv_example" else complete

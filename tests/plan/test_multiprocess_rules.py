@@ -71,7 +71,7 @@ def test_a_profile_with_several_is_refused_even_when_the_flag_asks_for_mps(machi
 @pytest.mark.parametrize("machine", MPS_MACS)
 def test_the_suggested_cpu_run_is_accepted(machine):
     plan = resolve_on(machine, Profile(num_processes=4), cpu=True)
-    assert (plan.device, plan.engine, plan.num_processes) == ("cpu", "torchrun", 4)
+    assert (plan.device, plan.engine, plan.settings.num_processes) == ("cpu", "torchrun", 4)
     assert plan.env["ACCELERATE_USE_CPU"] == "true"
 
 
@@ -96,7 +96,7 @@ def test_macs_without_usable_mps_run_several_cpu_processes(machine, reason):
 @pytest.mark.parametrize("processes", [2, 8])
 def test_cuda_runs_one_process_per_gpu_through_torchrun(processes):
     plan = resolve_on("linux_8gpu", num_processes=processes)
-    assert (plan.device, plan.engine, plan.num_processes) == ("cuda", "torchrun", processes)
+    assert (plan.device, plan.engine, plan.settings.num_processes) == ("cuda", "torchrun", processes)
     assert "ACCELERATE_TORCH_DEVICE" not in plan.env  # each rank picks its GPU from LOCAL_RANK
 
 
@@ -154,6 +154,6 @@ def test_cli_dry_run_plans_one_process_per_gpu(tmp_path, capsys, monkeypatch, ma
     out = capsys.readouterr().out
     assert f"processes:       {processes} per machine" in out
     if processes > 1:
-        assert "(one per visible GPU)" in out and f"--nproc-per-node {processes}" in out
+        assert "(one per visible GPU, default)" in out and f"--nproc-per-node {processes}" in out
     assert cli.main(["launch", "--dry-run", "--num_processes", "1", str(script)]) == 0
     assert "engine:          single" in capsys.readouterr().out

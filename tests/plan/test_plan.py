@@ -97,7 +97,8 @@ def test_explicit_device_in_profile_is_refused_too():
 def test_flag_beats_profile():
     plan = plan_for("linux_8gpu", Profile(device="cpu", mixed_precision="bf16", num_processes=2),
                     device="cuda", mixed_precision="fp16", num_processes=1)
-    assert (plan.device, plan.mixed_precision, plan.num_processes) == ("cuda", "fp16", 1)
+    assert (plan.device, plan.settings.mixed_precision, plan.settings.num_processes) == \
+        ("cuda", "fp16", 1)
 
 
 def test_profile_beats_auto_detection():
@@ -158,7 +159,7 @@ def test_several_processes_on_mps_from_a_profile_are_refused():
 
 def test_several_cpu_processes_on_a_mac_run_through_torchrun():
     plan = plan_for("m2_macos15", cpu=True, num_processes=4)
-    assert (plan.device, plan.engine, plan.num_processes) == ("cpu", "torchrun", 4)
+    assert (plan.device, plan.engine, plan.settings.num_processes) == ("cpu", "torchrun", 4)
     assert plan.env["OMP_NUM_THREADS"] == "3"  # 12 cores shared by 4 processes
     assert "ACCELERATE_TORCH_DEVICE" not in plan.env
 
@@ -183,9 +184,9 @@ def test_more_cpu_processes_than_cores_is_a_warning_not_an_error():
 
 
 def test_far_more_cpu_processes_than_cores_is_refused():
-    assert plan_for("linux_cpu", cpu=True, num_processes=8).num_processes == 8
+    assert plan_for("linux_cpu", cpu=True, num_processes=8).settings.num_processes == 8
     assert "use at most 8" in refusal("linux_cpu", cpu=True, num_processes=9)
-    assert "use at most 8" in refusal("linux_cpu", cpu=True, num_processes=100_000)
+    assert "use at most 8" in refusal("linux_cpu", cpu=True, num_processes=60_000)
 
 
 def test_several_machines_need_the_main_address():
@@ -261,30 +262,31 @@ def test_summary_and_dry_run_text():
 @pytest.mark.parametrize("machine, processes", [("linux_2gpu", 2), ("linux_8gpu", 8)])
 def test_auto_uses_every_visible_gpu(machine, processes):
     plan = plan_for(machine)
-    assert (plan.device, plan.num_processes, plan.engine) == ("cuda", processes, "torchrun")
+    assert (plan.device, plan.settings.num_processes, plan.engine) == ("cuda", processes, "torchrun")
     assert plan.env["MPSLAUNCH_NUM_PROCESSES"] == str(processes)
     assert "ACCELERATE_TORCH_DEVICE" not in plan.env  # it would put every rank on one GPU
     assert plan.summary().endswith(f"; {processes} processes, one per GPU (--num_processes 1 for one)")
-    assert f"{processes} per machine, 1 machine(s) (one per visible GPU)" in plan.describe()
-    assert plan_for(machine, Profile(device="cuda")).num_processes == processes
+    assert f"{processes} per machine (one per visible GPU, default), 1 machine (default)" \
+        in plan.describe()
+    assert plan_for(machine, Profile(device="cuda")).settings.num_processes == processes
 
 
 @pytest.mark.parametrize("machine", ["linux_2gpu", "linux_8gpu"])
 def test_one_process_on_several_gpus_when_asked(machine):
     for plan in (plan_for(machine, num_processes=1), plan_for(machine, Profile(num_processes=1))):
-        assert (plan.num_processes, plan.engine) == (1, "single")
+        assert (plan.settings.num_processes, plan.engine) == (1, "single")
         assert plan.env["ACCELERATE_TORCH_DEVICE"] == "cuda"
         assert "one per GPU" not in plan.summary()
     explicit = plan_for(machine, Profile(num_processes=2), num_processes=None)
-    assert explicit.num_processes == 2 and "one per GPU" not in explicit.summary()
-    assert plan_for(machine, cpu=True).num_processes == 1
+    assert explicit.settings.num_processes == 2 and "one per GPU" not in explicit.summary()
+    assert plan_for(machine, cpu=True).settings.num_processes == 1
 
 
 @pytest.mark.parametrize("machine", ["linux_1gpu", "linux_cpu", "m1_macos14", "m2_macos15", "intel_mac",
                                      "rosetta", "linux_gpu_cpu_torch"])
 def test_one_gpu_macs_and_cpus_keep_one_process(machine):
     plan = plan_for(machine)
-    assert (plan.num_processes, plan.engine) == (1, "single")
+    assert (plan.settings.num_processes, plan.engine) == (1, "single")
     assert plan.choice().endswith("; 1 process")
 
 
@@ -292,11 +294,11 @@ def test_one_gpu_macs_and_cpus_keep_one_process(machine):
 
 def test_gpu_ids_narrow_the_plan_and_reach_the_ranks():
     plan = plan_for("linux_8gpu", gpu_ids="1,3")
-    assert (plan.num_processes, plan.engine) == (2, "torchrun")
+    assert (plan.settings.num_processes, plan.engine) == (2, "torchrun")
     assert "cuda: 2 x NVIDIA H200" in plan.reason
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert "--gpu_ids 1,3: CUDA_VISIBLE_DEVICES=1,3" in plan.describe()
-    assert plan_for("linux_8gpu", Profile(gpu_ids="all")).num_processes == 8
+    assert plan_for("linux_8gpu", Profile(gpu_ids="all")).settings.num_processes == 8
     assert "CUDA_VISIBLE_DEVICES" not in plan_for("linux_8gpu", gpu_ids="all").env
 
 
@@ -318,7 +320,7 @@ def test_gpu_ids_off_cuda_are_named_as_having_no_effect():
 
 def test_multi_gpu_is_a_check_of_the_plan():
     plan = plan_for("linux_2gpu", multi_gpu=True)
-    assert plan.num_processes == 2 and "--multi_gpu: checked" in plan.describe()
+    assert plan.settings.num_processes == 2 and "--multi_gpu: checked" in plan.describe()
     for machine, flags in (("linux_1gpu", {}), ("linux_2gpu", {"num_processes": 1}),
                            ("m2_macos15", {}), ("linux_2gpu", {"cpu": True})):
         assert "--multi_gpu asks for several GPUs" in refusal(machine, multi_gpu=True, **flags)
@@ -333,7 +335,7 @@ def test_accelerate_settings_become_its_variables():
         "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False", "ACCELERATE_DEBUG_MODE": "true"}
     assert plan.env["OMP_NUM_THREADS"] == "3"
     text = plan.describe()
-    assert "the profile's dynamo_backend inductor: ACCELERATE_DYNAMO_BACKEND=INDUCTOR" in text
+    assert "dynamo_backend: inductor in the profile: ACCELERATE_DYNAMO_BACKEND=INDUCTOR" in text
     assert "--debug: ACCELERATE_DEBUG_MODE=true" in text
     assert "ACCELERATE_DYNAMO_BACKEND" not in plan_for("linux_cpu").env
 
@@ -384,7 +386,7 @@ TWO_MACHINES = dict(cpu=True, num_machines=2, machine_rank=0)
 ], ids=["own-ip", "own-ipv6", "name-resolving-to-own", "nat", "machine-1", "not-probed"])
 def test_machine_0_may_serve_on_its_own_address(machine, flags):
     plan = resolve(Profile(), LaunchRequest("train.py", **{**TWO_MACHINES, **flags}), machine, {})
-    assert plan.num_machines == 2
+    assert plan.settings.num_machines == 2
 
 
 @pytest.mark.parametrize("machine, address, expected", [

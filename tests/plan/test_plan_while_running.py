@@ -83,7 +83,7 @@ def test_dynamo_on_mps_with_an_old_torch_is_refused_with_the_version_to_install(
     assert message.startswith(f"--dynamo_backend {backend} asks torch.compile for mps")
     assert f"this is torch {MACHINES[machine].torch_version}" in message
     assert "pip install -U 'torch>=2.8'" in message
-    with pytest.raises(MpslaunchError, match=r"^the profile's dynamo_backend inductor"):
+    with pytest.raises(MpslaunchError, match=r"^dynamo_backend: inductor in the profile asks "):
         plan_for(machine, Profile(dynamo_backend="inductor"))
 
 

@@ -53,7 +53,7 @@ def test_several_gpus_with_dynamo_and_debug(tmp_path, as_json):
         dynamo_backend="inductor", dynamo_mode="max-autotune", dynamo_use_fullgraph=True)
     assert not translation.basic_cpu
     plan = resolve(translation.profile, LaunchRequest("train.py"), MACHINES["linux_8gpu"], {})
-    assert (plan.num_processes, plan.env["CUDA_VISIBLE_DEVICES"]) == (4, "0,1,2,3")
+    assert (plan.settings.num_processes, plan.env["CUDA_VISIBLE_DEVICES"]) == (4, "0,1,2,3")
     assert plan.env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
 
 
@@ -77,7 +77,7 @@ def test_devices(tmp_path, distributed_type, use_cpu, device):
 def test_a_mac_answer_of_no_cpu_means_mps(tmp_path):
     path = cluster_config(tmp_path / "acc.yaml", "NO", num_processes=1, mixed_precision="fp16")
     plan = resolve(profile_files.load(path), LaunchRequest("train.py"), MACHINES["m2_macos15"], {})
-    assert (plan.device, plan.mixed_precision) == ("mps", "fp16")
+    assert (plan.device, plan.settings.mixed_precision) == ("mps", "fp16")
 
 
 @pytest.mark.parametrize("fields, words", [

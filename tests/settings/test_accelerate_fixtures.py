@@ -186,10 +186,10 @@ def accelerate_launch(path: Path, machine: Machine, monkeypatch):
 def mpslaunch_plan(path: Path, machine: Machine):
     """(device, mixed precision, processes per machine) of mpslaunch's plan, or its error."""
     try:
-        plan = resolve(profile_files.load(path), LaunchRequest("train.py"), machine, {})
+        plan = resolve(profile_files.read(path), LaunchRequest("train.py"), machine, {})
     except MpslaunchError as error:
         return str(error)
-    return plan.device, plan.mixed_precision, plan.num_processes
+    return plan.device, plan.settings.mixed_precision, plan.settings.num_processes
 
 
 def same_or_named(name: str, theirs, ours) -> None:
@@ -274,8 +274,11 @@ def test_cli_imports_and_plans_each_planned_file(name, tmp_path, monkeypatch, ca
     else:
         assert code == 0, err
         device, precision, processes = ours
-        assert f"device:          {device}\n" in out and f"mixed precision: {precision}\n" in out
-        assert f"processes:       {processes} per machine" in out
+        read_as = f"(Accelerate config {fixture(name)})"
+        assert f"device:          {device} {read_as}\n" in out or \
+            f"device:          {device} (auto, Accelerate config {fixture(name)})\n" in out
+        assert f"mixed precision: {precision} {read_as}\n" in out
+        assert f"processes:       {processes} per machine (" in out
         assert f"mpslaunch: note: {fixture(name)} was read as an Accelerate config file" in err
         for words in WARNINGS.get(name, []):
             assert f"mpslaunch: warning: {fixture(name)}: " in err and words in err
@@ -286,7 +289,7 @@ def test_cli_imports_and_plans_each_planned_file(name, tmp_path, monkeypatch, ca
     assert "Traceback" not in err and all(words in err for words in WARNINGS.get(name, []))
     imported = profile_files.load(tmp_path / "imported.yaml")
     assert not isinstance(ours, tuple) or resolve(imported, LaunchRequest("train.py"), machine, {}) \
-        .num_processes == ours[2]
+        .settings.num_processes == ours[2]
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -14,6 +14,7 @@ from mpslaunch.check import cache, check_sources
 from mpslaunch.check.target import Target
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import cache_dir
+from mpslaunch.settings import folder_main
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
@@ -30,9 +31,11 @@ class Interrupted(MpslaunchError):
 def warn(request: LaunchRequest, plan: LaunchPlan) -> None:
     """What `launch` runs first, for a .py script: the main findings as warnings on stderr. A
     script with a problem Python reports itself (a syntax error) is left to Python."""
-    if request.module or request.no_python or not request.target.endswith(".py"):
+    if request.module or request.no_python:
         return
-    script = Path(request.target)
+    script = Path(folder_main(request.target) or request.target)  # `python app/` runs its __main__.py
+    if script.suffix != ".py":
+        return
     target = Target(plan.device, plan.world_size, os.uname().sysname)  # the plan is this machine's
     try:
         kept = _findings(script, target, cache_dir())
@@ -52,7 +55,8 @@ def _findings(script: Path, target: Target, folder: Path) -> cache.Kept:
         from mpslaunch.check.reading import read_sources
 
         sources = read_sources(script, whole=False)
-        kept = cache.save(script, target, sources, check_sources(sources, target), folder)
+        kept = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target),
+                          folder, sources.listed)
     return kept
 
 

@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
                              "args]`, or -m and a module name (see `mpslaunch launch --help`)")
     request = request_from_args(args, args.script, args.script_args)
     plan = launcher.prepare(request, args.profile, args.config_file, args.quiet)
-    if plan.settings.check and not args.quiet:
+    if plan.settings.check and not args.quiet and not plan.silent_rank:
         from mpslaunch.check import before_launch  # only when the check runs
 
         before_launch.warn(request, plan)

@@ -8,6 +8,7 @@ child; later ones read the cached verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping
@@ -17,9 +18,11 @@ from mpslaunch import output
 from mpslaunch.launcher.targets import check_target
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
-from mpslaunch.plan import (Decision, LaunchPlan, checks_main_address, decide_settings, for_target,
-                            mps_problem, with_flags)
-from mpslaunch.settings import (LaunchOptions, LaunchRequest, Profile, ProfileFile, profile_files,
+from mpslaunch.plan import (Cluster, Decision, LaunchPlan, checks_main_address, decide_settings,
+                            for_target, mps_problem, settle, slurm_cluster, torchrun_layer,
+                            with_slurm_config)
+from mpslaunch.settings import (COMMAND_LINE, LaunchOptions, LaunchRequest, Layer, Profile,
+                                ProfileFile, file_layer, merge, options_layer, profile_files,
                                 request_problem)
 
 MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a while
@@ -28,15 +31,17 @@ MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a w
 def prepare(options: LaunchOptions, profile: str | None = None, config_file: str | None = None,
             quiet: bool = False, target_is_file: bool = True,
             environ: Mapping[str, str] = os.environ, *, loaded: ProfileFile | None = None,
-            machine: Machine | None = None) -> Decision:
+            machine: Machine | None = None, asked_in: str = COMMAND_LINE) -> Decision:
     """The plan for a LaunchRequest (a LaunchPlan), or for LaunchOptions alone the Decision for
     any target (`env`, `config show`); an MpslaunchError says what to change.
 
     The options are checked once, the target's existence (`target_is_file`: a script, module or
-    executable, not a Python function), the profile read once and the flags applied once.
+    executable, not a Python function), the profile read once and the layers settled once.
     `loaded`: the profile file the caller has read already, and reports itself. `machine`: a
     machine described, or already checked by the caller, taken as it is; by default this one,
-    probed, with torch asked about mps when the plan is for mps and nothing is known yet."""
+    probed, with torch asked about mps when the plan is for mps and nothing is known yet.
+    `asked_in`: where the options were given (COMMAND_LINE, or API for mpslaunch.launch()),
+    as messages name them."""
     problem = request_problem(options)
     if problem:
         raise MpslaunchError(problem)
@@ -45,22 +50,43 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
         check_target(options)
     reported = loaded is None
     loaded = loaded or profile_files.read_active(config_file, profile)
-    source = str(loaded.path) if loaded.path else None  # named in messages about its values
-    settings = with_flags(loaded.profile, options)
+    cluster, layers = _layers(loaded, options, asked_in, environ)
+    settings = settle(*layers)
     here = _machine_for(settings, machine or machine_probe.probe())
-    decision = decide_settings(settings, options, here, environ, source)
+    decision = decide_settings(settings, options, here, environ, cluster.place)
     if machine is None and _asks_torch_about_mps(here, decision.device):
         here = _verified(here, quiet)
-        decision = decide_settings(settings, options, here, environ, source)
+        decision = decide_settings(settings, options, here, environ, cluster.place)
     if reported and loaded.translation:
         output.note(accelerate_note(loaded, here), quiet)
         for warning in loaded.translation.warnings:
             output.warning(warning)
     if not targeted:
         return decision
-    plan = for_target(decision, options, here)
+    plan = _in_cluster(for_target(decision, options, here))
     _check_log_dir(plan)
     return plan
+
+
+def _layers(loaded: ProfileFile, options: LaunchOptions, asked_in: str,
+            environ: Mapping[str, str]) -> tuple[Cluster, tuple[Layer, ...]]:
+    """The SLURM step this launcher runs in, and the settings' layers over the defaults, weakest
+    first: what the step derives (a port), the profile file in force, the options, then the
+    clusters' facts (the step's, torchrun's PET_ variables)."""
+    user = file_layer(loaded), options_layer(options, asked_in)
+    cluster = slurm_cluster(merge(*user), environ)
+    return cluster, (cluster.derived, *user, cluster.facts, torchrun_layer(environ))
+
+
+def _in_cluster(plan: LaunchPlan) -> LaunchPlan:
+    """In a SLURM step: the plan with what the cluster's configuration says about stopping it
+    (asked of its controller only there)."""
+    if plan.cluster is None:
+        return plan
+    config = machine_probe.slurm_config()
+    place, warnings = with_slurm_config(plan.cluster, plan.grace_period, config.kill_wait,
+                                        config.proctrack)
+    return dataclasses.replace(plan, cluster=place, warnings=plan.warnings + warnings)
 
 
 def _check_log_dir(plan: LaunchPlan) -> None:
@@ -110,7 +136,10 @@ def accelerate_note(loaded: ProfileFile, machine: Machine) -> str:
 
 
 def announce(plan: LaunchPlan, quiet: bool = False, stream=None) -> None:
-    """The plan's warnings on stderr, then (unless quiet) its one-line summary on `stream`."""
+    """The plan's warnings on stderr, then (unless quiet) its one-line summary on `stream`;
+    nothing in rank mode but from rank 0."""
+    if plan.silent_rank:
+        return
     for warning in plan.warnings:
         output.warning(warning)
     if not quiet:

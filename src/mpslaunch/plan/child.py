@@ -1,6 +1,6 @@
 """What the child gets: its command, the variables it gets on top of the user's environment (the
-README's table), what is kept from it (another launcher's variables), and the variables and
-notes for Accelerate's own launch options. Pure.
+README's table), what is kept from it (another launcher's variables: environment.py), and the
+variables and notes for Accelerate's own launch options. Pure.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import MPS_WATERMARK_MAX, LaunchOptions, LaunchRequest, Profile, source_of
+from mpslaunch.plan.environment import is_other_launchers_variable
+from mpslaunch.settings import MPS_WATERMARK_MAX, LaunchOptions, LaunchRequest, Profile, Settings
 
 # torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
 # (docs/mps-facts.md: Environment variables).
@@ -31,8 +32,11 @@ def _as_file(script: str) -> str:
 
 
 def child_environment(settings: Profile, device: str, machine: Machine,
-                      environ: Mapping[str, str], multi: bool) -> dict[str, str]:
-    """Variables the child gets on top of the user's environment (the README's table)."""
+                      environ: Mapping[str, str], multi: bool,
+                      here: int | None = None) -> dict[str, str]:
+    """Variables the child gets on top of the user's environment (the README's table). `here`:
+    the processes that share this machine (num_processes; SLURM's tasks on it in rank mode)."""
+    here = settings.num_processes if here is None else here
     env = {
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
@@ -51,31 +55,15 @@ def child_environment(settings: Profile, device: str, machine: Machine,
     if "PYTHONFAULTHANDLER" not in environ:
         # A crash in native code (a segfault, an abort in a kernel) then prints the Python stack.
         env["PYTHONFAULTHANDLER"] = "1"
-    if settings.num_processes > 1 and "OMP_NUM_THREADS" not in environ:
+    if here > 1 and "OMP_NUM_THREADS" not in environ:
         # Several CPU processes each starting one thread per core oversubscribe the machine, so
         # they share the cores; GPU ranks get torchrun's own default, one thread.
-        env["OMP_NUM_THREADS"] = (str(max(1, machine.cpu_count // settings.num_processes))
-                                  if device == "cpu" else "1")
+        env["OMP_NUM_THREADS"] = str(max(1, machine.cpu_count // here)) if device == "cpu" else "1"
     return env
 
 
-# What torchrun (and the MPI launchers, whose world sizes Accelerate also reads) give the
-# processes they start. Left in a shell (a torchrun or SLURM job's), they tell a one-process
-# script it is one rank of a bigger world, and its init_process_group waits for the others
-# forever. A plan for one process is mpslaunch's: the child does not get them, and the summary
-# and --dry_run name them. (Several processes get torchrun's own values from torch's agent.)
-OTHER_LAUNCHERS_VARIABLES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK",
-)
-REMOVED_WHY = "another launcher's; this plan is one process"
-
-
 def other_launchers_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    return {key: value for key, value in environ.items()
-            if key in OTHER_LAUNCHERS_VARIABLES or key.startswith("TORCHELASTIC_")}
+    return {key: value for key, value in environ.items() if is_other_launchers_variable(key)}
 
 
 def replaced_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -140,19 +128,20 @@ def _ratio_text(value: float) -> str:
 # ---------------------------------------------------------------- Accelerate's launch options
 
 
-def with_gpu_ids(machine: Machine, gpu_ids: str | None, source: str,
-                 environ: Mapping[str, str]) -> Machine:
+def with_gpu_ids(machine: Machine, settings: Settings, environ: Mapping[str, str]) -> Machine:
     """The machine as the ranks will see it with CUDA_VISIBLE_DEVICES=gpu_ids (Accelerate's
     meaning: driver numbers). Without NVIDIA GPUs it changes nothing (a warning says so)."""
+    gpu_ids = settings.gpu_ids
     if gpu_ids in (None, "all") or not machine.cuda_devices:
         return machine
+    source = settings.named("gpu_ids")
     if "CUDA_VISIBLE_DEVICES" in environ:
-        raise MpslaunchError(f"{source} {gpu_ids} and CUDA_VISIBLE_DEVICES="
+        raise MpslaunchError(f"{source} and CUDA_VISIBLE_DEVICES="
                              f"{environ['CUDA_VISIBLE_DEVICES']} both choose GPUs; unset one of them")
     ids = [int(part) for part in gpu_ids.split(",")]
     count = len(machine.cuda_devices)
     if max(ids) >= count or len(set(ids)) != len(ids):
-        raise MpslaunchError(f"{source} {gpu_ids} names GPUs this machine does not have, or one "
+        raise MpslaunchError(f"{source} names GPUs this machine does not have, or one "
                              f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
                              f"(numbers 0 to {count - 1})")
     return replace(machine, cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
@@ -187,23 +176,23 @@ def accelerate_environment(request: LaunchOptions, settings: Profile, device: st
     return env
 
 
-def accelerate_notes(request: LaunchOptions, settings: Profile, device: str,
+def accelerate_notes(request: LaunchOptions, settings: Settings, device: str,
                      env: Mapping[str, str]) -> tuple[str, ...]:
     """For --dry_run: what each of Accelerate's options given became."""
     notes = []
     if request.multi_gpu:
         notes.append(f"--multi_gpu: checked: {settings.num_processes} processes, one per GPU")
     if "CUDA_VISIBLE_DEVICES" in env:
-        notes.append(f"{source_of(request, 'gpu_ids')} {settings.gpu_ids}: CUDA_VISIBLE_DEVICES="
+        notes.append(f"{settings.named('gpu_ids')}: CUDA_VISIBLE_DEVICES="
                      f"{env['CUDA_VISIBLE_DEVICES']} for the ranks, and only these GPUs count")
     if request.num_cpu_threads_per_process is not None:
         notes.append(f"--num_cpu_threads_per_process {request.num_cpu_threads_per_process}: "
                      f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
     if "ACCELERATE_DYNAMO_BACKEND" in env:
         dynamo = " ".join(f"{key}={value}" for key, value in env.items() if "_DYNAMO_" in key)
-        notes.append(f"{source_of(request, 'dynamo_backend')} {settings.dynamo_backend}: {dynamo}")
+        notes.append(f"{settings.named('dynamo_backend')}: {dynamo}")
     if settings.debug:
-        notes.append(f"{source_of(request, 'debug')}: ACCELERATE_DEBUG_MODE=true")
+        notes.append(f"{settings.named('debug')}: ACCELERATE_DEBUG_MODE=true")
     if request.tee is not None:
         notes.append(f"--tee {request.tee}: every rank's output always reaches the console "
                      "(prefixed [rankN]), and with --log_dir also its files")
@@ -218,16 +207,21 @@ SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "m
                            "machine_rank", "monitor_interval")
 
 
-def no_effect(request: LaunchOptions, settings: Profile, device: str, multi: bool) -> tuple[str, ...]:
-    """Options given that change nothing in this plan, named rather than silently dropped."""
+def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bool,
+              rank_mode: bool = False) -> tuple[str, ...]:
+    """Options given that change nothing in this plan, named rather than silently dropped (in
+    rank mode the machines are SLURM's tasks, and --num_processes, 1, is each task's)."""
     warnings = []
     if settings.gpu_ids not in (None, "all") and device != "cuda":
-        warnings.append(f"{source_of(request, 'gpu_ids')} {settings.gpu_ids} has no effect on {device}")
+        warnings.append(f"{settings.named('gpu_ids')} has no effect on {device}")
     idle = [f"--{key}" for key in SEVERAL_PROCESS_OPTIONS if getattr(request, key) is not None]
     if idle and not multi:
         warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
                         "one process")
-    if request.num_processes is not None and settings.num_machines > 1:
+    if rank_mode and request.monitor_interval is not None:
+        warnings.append("--monitor_interval has no effect here: SLURM started the ranks, and no "
+                        "torch agent watches them")
+    if request.num_processes is not None and settings.num_machines > 1 and not rank_mode:
         # Accelerate's --num_processes counts every machine's processes; an Accelerate habit here
         # would start num_machines times too many.
         total = request.num_processes * settings.num_machines

@@ -1,7 +1,9 @@
 """The plan: `decide(profile, options, machine, environ) -> Decision` (the device, precision,
 processes and child variables, for any target), then `for_target(decision, request, machine) ->
-LaunchPlan` (the command); `resolve` is the two in one. Command-line flags win over the profile
-(`apply_flags`). The rules themselves are in device.py, processes.py and child.py.
+LaunchPlan` (the command); `resolve` is the two in one. `settle` merges the settings' layers
+(settings/layers.py: the defaults, a profile file, the command line, a cluster's facts) and
+holds the rules between keys; `decide_settings` decides on what it gives. The rules themselves
+are in device.py, processes.py and child.py.
 """
 
 from __future__ import annotations
@@ -11,48 +13,71 @@ from dataclasses import dataclass, field
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
-from mpslaunch.plan.child import (REMOVED_WHY, accelerate_environment, accelerate_notes,
+from mpslaunch.plan.child import (accelerate_environment, accelerate_notes,
                                   check_multi_gpu, child_command, child_environment, no_effect,
                                   other_launchers_variables, replaced_values, with_gpu_ids)
 from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
+from mpslaunch.plan.environment import REMOVED_WHY
 from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
                                       own_name_problem, several_machines_settings)
-from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, KNOWN_KEYS, LaunchOptions, LaunchRequest,
-                                Profile, check_profile, given_as, request_problem, source_of)
+from mpslaunch.plan.slurm import Place, rank_mode_problem, rank_variables
+from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, DEFAULT_PORT, LaunchOptions, LaunchRequest,
+                                Layer, Profile, ProfileFile, Settings, check_profile, file_layer,
+                                merge, options_layer, profile_layer, request_problem)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What runs where, for any target: the device, the precision, the processes, the variables."""
+    """What runs where, for any target: the device, the settings, the engine, the variables.
+    Each setting is read in one place, `settings` (with where it came from); `device` is the
+    device chosen for the setting's `auto`, `mps`, `cuda` or `cpu`."""
 
     device: str  # "mps", "cuda" or "cpu"
     reason: str  # one line: why this device
-    mixed_precision: str
-    num_processes: int  # processes on this machine
-    num_machines: int
     engine: str  # "single": one child process; "torchrun": torch.distributed.run
     env: Mapping[str, str]  # variables added to (or changed in) the user's environment
-    settings: Profile  # the profile after the command-line flags were applied
+    # Every profile key after the layers: num_processes (on this machine: the count, one per GPU
+    # when none was given), num_machines, mixed_precision, machine_rank, the main address, ...
+    settings: Settings
     warnings: tuple[str, ...] = field(default=())
     one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
     accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
     replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
     keep_awake: bool = False  # macOS: caffeinate holds off idle sleep while the run lasts
     removed: Mapping[str, str] = field(default_factory=dict)  # another launcher's, kept from the child
+    # The SLURM step this launcher runs in (plan/slurm.py); in rank mode, SLURM started the ranks
+    # and this launcher runs one of them, as its one child.
+    cluster: Place | None = None
 
     @property
     def world_size(self) -> int:
-        return self.num_processes * self.num_machines
+        return self.settings.num_processes * self.settings.num_machines
+
+    @property
+    def rank_mode(self) -> bool:
+        return self.cluster is not None and self.cluster.rank_mode
+
+    @property
+    def silent_rank(self) -> bool:
+        """Rank mode, not rank 0: rank 0's launcher says the plan, its warnings and its end for
+        every task, and this one speaks only of a failure, so a node of 8 tasks prints one plan."""
+        return self.rank_mode and self.cluster.rank != 0
 
     def choice(self) -> str:
-        """One line: the device and why, the precision, the processes."""
-        processes = f"{self.num_processes} process" + ("es" if self.num_processes > 1 else "")
-        if self.num_machines > 1:
-            processes += f" on each of {self.num_machines} machines"
-        if self.one_per_gpu and self.num_processes > 1:
+        """One line: the device and why, the precision, the processes (and the SLURM step)."""
+        count, machines = self.settings.num_processes, self.settings.num_machines
+        processes = f"{count} process" + ("es" if count > 1 else "")
+        if self.rank_mode:
+            nodes = self.cluster.num_nodes
+            processes = (f"1 process of {self.world_size}, {self.cluster.local_world} on each of "
+                         f"{nodes} node{'s' if nodes > 1 else ''}")
+        elif machines > 1:
+            processes += f" on each of {machines} machines"
+        if self.one_per_gpu and count > 1:
             processes += ", one per GPU (--num_processes 1 for one)"
-        return f"{self.reason}; precision {self.mixed_precision}; {processes}"
+        line = f"{self.reason}; precision {self.settings.mixed_precision}; {processes}"
+        return line + (f"; {self.cluster.line(self.settings)}" if self.cluster else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,16 +104,20 @@ class LaunchPlan(Decision):
         if self.removed:
             line += f"; removed from the script's environment ({REMOVED_WHY}): " + ", ".join(
                 f"{key}={value}" for key, value in sorted(self.removed.items()))
-        return line
+        return one_line(line)  # a folder or a value with a newline must not start a line
 
     def describe(self) -> str:
         """What --dry_run prints: the plan, the command and the variables it adds."""
+        settings = self.settings
         lines = [
-            f"device:          {self.device}",
+            f"device:          {self.device} ("
+            + ("auto, " if settings.device == "auto" else "") + f"{settings.origin('device')})",
             f"reason:          {self.reason}",
-            f"mixed precision: {self.mixed_precision}",
-            f"processes:       {self.num_processes} per machine, {self.num_machines} machine(s)"
-            + (" (one per visible GPU)" if self.one_per_gpu and self.num_processes > 1 else ""),
+            f"mixed precision: {settings.mixed_precision} ({settings.origin('mixed_precision')})",
+            *(_rank_lines(settings, self.cluster) if self.rank_mode else
+              [f"processes:       {_processes_text(settings, self.one_per_gpu)}",
+               *_machines_lines(settings)]),
+            *([f"cluster:         {self.cluster.line(settings)}"] if self.cluster else []),
             f"engine:          {self.engine}",
             *(["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
               if self.keep_awake else []),
@@ -106,53 +135,104 @@ class LaunchPlan(Decision):
                          "stdout.log and stderr.log")
         lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
-        return "\n".join(lines)
+        return "\n".join(map(one_line, lines))
 
 
-def decide(profile: Profile, options: LaunchOptions, machine: Machine,
-           environ: Mapping[str, str], profile_file: str | None = None) -> Decision:
-    """The device, precision, processes and variables for these options, whatever the target.
-    `profile_file`: where the profile was read from, named in messages about its values."""
-    return decide_settings(apply_flags(profile, options), options, machine, environ, profile_file)
+def _processes_text(settings: Settings, one_per_gpu: bool) -> str:
+    """`2 per machine (--num_processes), 1 machine (default)`: the counts and where they came from."""
+    count, machines = settings.num_processes, settings.num_machines
+    each = "one per visible GPU, " if one_per_gpu and count > 1 else ""
+    return (f"{count} per machine ({each}{settings.origin('num_processes')}), {machines} machine"
+            f"{'s' if machines > 1 else ''} ({settings.origin('num_machines')})")
 
 
-def decide_settings(settings: Profile, options: LaunchOptions, machine: Machine,
-                    environ: Mapping[str, str], profile_file: str | None = None) -> Decision:
-    """decide() for `settings`, the profile the flags in `options` were applied to."""
-    machine = with_gpu_ids(machine, settings.gpu_ids, source_of(options, "gpu_ids"), environ)
-    device, reason = choose_device(settings.device, options, machine)
+def _machines_lines(settings: Settings) -> list[str]:
+    """With several machines: this one's rank, machine 0's address and port, the rendezvous,
+    each with where it came from."""
+    if settings.num_machines < 2:
+        return []
+    rank = (f"{settings.machine_rank} ({settings.origin('machine_rank')})"
+            if settings.rdzv_backend == "static" else "given at the rendezvous (c10d)")
+    # Port 0 cannot be agreed between machines: torchrun's default is used (run/torchrun).
+    port = settings.main_process_port or DEFAULT_PORT
+    return [f"machine rank:    {rank}",
+            f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
+            f"port {port} ({settings.origin('main_process_port')})",
+            f"rendezvous:      {settings.rdzv_backend} ({settings.origin('rdzv_backend')}), the "
+            f"machines wait {settings.rdzv_timeout} s at most ({settings.origin('rdzv_timeout')})"]
+
+
+def _rank_lines(settings: Settings, place: Place) -> list[str]:
+    """Rank mode: SLURM started this task as one rank of the world; where each number came from."""
+    return [f"processes:       1 in this task ({settings.origin('num_processes')}), one rank of "
+            f"{settings.num_machines} tasks ({settings.origin('num_machines')}), "
+            f"{place.local_world} on each of {place.num_nodes} nodes",
+            f"rank:            {place.rank} ({settings.origin('machine_rank')}), local rank "
+            f"{place.local_rank} (SLURM_LOCALID), node {place.node_rank + 1} of {place.num_nodes} "
+            f"({place.node})",
+            f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
+            f"port {settings.main_process_port or DEFAULT_PORT} "
+            f"({settings.origin('main_process_port')}), where rank 0 serves the script's store"]
+
+
+def decide(profile: Profile | ProfileFile, options: LaunchOptions, machine: Machine,
+           environ: Mapping[str, str]) -> Decision:
+    """The device, precision, processes and variables for these options over this profile,
+    whatever the target: a profile file as read (its values named by its file), or a Profile
+    made in Python (its values that differ from the defaults are the profile's)."""
+    problem = request_problem(options)
+    if problem:
+        raise MpslaunchError(problem)
+    layer = file_layer(profile) if isinstance(profile, ProfileFile) else profile_layer(profile)
+    settings = settle(layer, options_layer(options))
+    return decide_settings(settings, options, machine, environ)
+
+
+def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine,
+                    environ: Mapping[str, str], cluster: Place | None = None) -> Decision:
+    """decide() for `settings`, what settle() made of the layers (`options` among them);
+    `cluster`: where this launcher stands in the SLURM step whose layers were settled."""
+    machine = with_gpu_ids(machine, settings, environ)
+    device, reason = choose_device(settings, machine)
+    rank_mode = cluster is not None and cluster.rank_mode
+    problem = rank_mode_problem(cluster, device, machine, environ) if rank_mode else None
+    if problem:
+        raise MpslaunchError(problem)
     one_per_gpu = settings.num_processes is None
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
-    check_precision(settings.mixed_precision, device, machine)
-    problem = dynamo_problem(settings.dynamo_backend, device, machine, source_of(options, "dynamo_backend"))
+    check_precision(settings, device, machine)
+    problem = dynamo_problem(settings.dynamo_backend, device, machine,
+                             settings.named("dynamo_backend"))
     if problem:
         raise MpslaunchError(problem)
-    check_processes(settings, device, machine,
-                     given_as(options, "num_processes", settings.num_processes, profile_file))
+    check_processes(settings, device, machine)
     check_multi_gpu(options, settings, device)
     problem = main_address_problem(settings, machine) or own_name_problem(settings, device, machine,
                                                                           environ)
     if problem:
         raise MpslaunchError(problem)
     multi = settings.num_processes > 1 or settings.num_machines > 1
-    env = child_environment(settings, device, machine, environ, multi)
+    here = cluster.local_world if rank_mode else settings.num_processes
+    env = child_environment(settings, device, machine, environ, multi, here)
+    if rank_mode:
+        env.update(rank_variables(cluster, settings))
     env.update(accelerate_environment(options, settings, device))
     return Decision(
         device=device,
         reason=reason,
-        mixed_precision=settings.mixed_precision,
-        num_processes=settings.num_processes,
-        num_machines=settings.num_machines,
-        engine="torchrun" if multi else "single",
+        # rank mode: SLURM started the ranks, and this launcher runs one as its one child
+        engine="torchrun" if multi and not rank_mode else "single",
         env=env,
         settings=settings,
-        warnings=_warnings(settings, device, machine) + no_effect(options, settings, device, multi),
+        warnings=_warnings(settings, device, machine)
+        + no_effect(options, settings, device, multi, rank_mode),
         one_per_gpu=one_per_gpu and device == "cuda",
         accelerate_notes=accelerate_notes(options, settings, device, env),
         replaced=replaced_values(env, environ),
         keep_awake=settings.keep_awake and machine.is_mac and machine.caffeinate,
         removed={} if multi else other_launchers_variables(environ),
+        cluster=cluster,
     )
 
 
@@ -176,7 +256,7 @@ def for_target(decision: Decision, request: LaunchRequest, machine: Machine) -> 
     )
 
 
-def resolve(profile: Profile, request: LaunchRequest, machine: Machine,
+def resolve(profile: Profile | ProfileFile, request: LaunchRequest, machine: Machine,
             environ: Mapping[str, str]) -> LaunchPlan:
     """decide(), then the command for the request's target."""
     return for_target(decide(profile, request, machine, environ), request, machine)
@@ -192,27 +272,15 @@ def mps_verdict_text(machine: Machine) -> str:
 # ---------------------------------------------------------------- precedence
 
 
-def apply_flags(profile: Profile, options: LaunchOptions) -> Profile:
-    """Command-line flags win over the profile; each is checked as the option table says."""
-    problem = request_problem(options)
-    if problem:
-        raise MpslaunchError(problem)
-    return with_flags(profile, options)
-
-
-def with_flags(profile: Profile, options: LaunchOptions) -> Profile:
-    """apply_flags() for options already checked against the option table."""
-    if options.cpu and options.device not in (None, "cpu"):
-        raise MpslaunchError(f"--cpu and --device {options.device} contradict each other; give one")
-    changes = {key: getattr(options, key) for key in KNOWN_KEYS
-               if getattr(options, key, None) is not None}
-    if options.cpu:
-        changes["device"] = "cpu"
-    settings = profile.replace(**changes)
+def settle(*layers: Layer) -> Settings:
+    """The settings from their layers, weakest first, over the defaults (settings.merge: a later
+    layer wins; a value that contradicts a cluster's fact is refused); then the rules that tie
+    keys together, each value named with where it came from."""
+    settings = merge(*layers)
     problem = check_profile(settings)
     if problem:
         raise MpslaunchError(problem)
-    return several_machines_settings(settings, options)
+    return several_machines_settings(settings)
 
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:

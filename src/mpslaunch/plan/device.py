@@ -7,18 +7,22 @@ from __future__ import annotations
 
 from mpslaunch.machine import Machine, version_tuple
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import LaunchOptions
+from mpslaunch.settings import ACCELERATE, PROFILE, Settings
 
 
-def choose_device(wanted: str, options: LaunchOptions, machine: Machine) -> tuple[str, str]:
-    """The device and a one-line reason. Explicit requests never fall back silently."""
-    source = "--cpu" if options.cpu else (f"--device {options.device}" if options.device else "the profile")
+def choose_device(settings: Settings, machine: Machine) -> tuple[str, str]:
+    """The device for the setting and a one-line reason. Explicit requests never fall back
+    silently; a refusal names the setting and where it came from."""
+    wanted = settings.device
     if wanted == "cpu":
-        return "cpu", f"cpu: asked for by {source}"
+        # The plan line names a file's choice as the profile's, keeping the line short.
+        asker = "the profile" if settings.kind("device") in (PROFILE, ACCELERATE) \
+            else settings.named("device")
+        return "cpu", f"cpu: asked for by {asker}"
     if wanted in ("mps", "cuda"):
         problem = mps_problem(machine) if wanted == "mps" else cuda_problem(machine)
         if problem:
-            raise MpslaunchError(f"{source} asks for {wanted}, but {problem}; "
+            raise MpslaunchError(f"{settings.named('device')} asks for {wanted}, but {problem}; "
                                  "use --device auto to pick what this machine has, or --cpu")
         return wanted, _describe(wanted, machine)
     # In a VM, say so before torch's verdict: a small check can pass there and training fail.
@@ -117,16 +121,13 @@ def _describe(device: str, machine: Machine) -> str:
 # ---------------------------------------------------------------- precision
 
 
-def check_precision(precision: str, device: str, machine: Machine) -> None:
-    problem = precision_problem(precision, device, machine)
-    if problem:
-        raise MpslaunchError(problem)
-
-
-def precision_problem(precision: str, device: str, machine: Machine) -> str | None:
-    """Why this precision cannot run on this device, with what to use instead; or None."""
+def check_precision(settings: Settings, device: str, machine: Machine) -> None:
+    precision = settings.mixed_precision
     refusal = precision_refusal(precision, device, machine)
-    return "; ".join(refusal) if refusal else None
+    if refusal:
+        why, advice = refusal
+        raise MpslaunchError(f"{settings.named('mixed_precision')} asks for {precision}, but "
+                             f"{why}; {advice}")
 
 
 def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[str, str] | None:
@@ -160,13 +161,14 @@ MPS_COMPILE_TORCH = (2, 8)
 _NON_COMPILING_BACKENDS = ("no", "eager", "aot_eager")
 
 
-def dynamo_problem(backend: str, device: str, machine: Machine, source: str) -> str | None:
-    """Why torch.compile with this backend cannot run on this device with this torch, or None."""
+def dynamo_problem(backend: str, device: str, machine: Machine, named: str) -> str | None:
+    """Why torch.compile with this backend cannot run on this device with this torch, or None.
+    `named`: the setting as the message names it, with where it came from."""
     if device != "mps" or backend in _NON_COMPILING_BACKENDS:
         return None
     if version_tuple(machine.torch_version) >= MPS_COMPILE_TORCH:
         return None
     needed = ".".join(map(str, MPS_COMPILE_TORCH))
-    return (f"{source} {backend} asks torch.compile for mps, which compiles for mps from torch "
+    return (f"{named} asks torch.compile for mps, which compiles for mps from torch "
             f"{needed} and this is torch {machine.torch_version}; install it with "
             f"`pip install -U 'torch>={needed}'`, or use --dynamo_backend aot_eager or no")

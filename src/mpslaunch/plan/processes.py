@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from mpslaunch.machine import Machine, address_and_port, is_loopback, plain_address
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import LaunchOptions, Profile, source_of
+from mpslaunch.settings import Profile, Settings
 
 # Above cores, CPU processes only slow each other down; far above, they exhaust memory.
 CPU_PROCESSES_PER_CORE = 4
@@ -20,21 +20,20 @@ def default_processes(device: str, machine: Machine) -> int:
     return max(1, len(machine.cuda_devices)) if device == "cuda" else 1
 
 
-def check_processes(settings: Profile, device: str, machine: Machine, asked: str) -> None:
-    problem = processes_problem(settings, device, machine, asked)
+def check_processes(settings: Profile, device: str, machine: Machine) -> None:
+    problem = processes_problem(settings, device, machine)
     if problem:
         raise MpslaunchError(problem)
 
 
-def processes_problem(settings: Profile, device: str, machine: Machine,
-                      asked: str | None = None) -> str | None:
-    """Why this many processes and machines cannot run on this device here, or None. `asked`:
-    how the message names the number of processes and where it came from (as _given does)."""
-    asked = asked or f"--num_processes {settings.num_processes}"
+def processes_problem(settings: Profile, device: str, machine: Machine) -> str | None:
+    """Why this many processes and machines cannot run on this device here, or None; the
+    message names the number of processes and where it came from (Settings.named)."""
+    asked = settings.named("num_processes")
     if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
-        asked = (f"{settings.num_processes} processes" if settings.num_processes > 1
-                 else f"{settings.num_machines} machines")
+        asked = (f"{settings.num_processes} processes ({asked})" if settings.num_processes > 1
+                 else f"{settings.num_machines} machines ({settings.named('num_machines')})")
         return (
             f"{asked} cannot train on mps: only one process can use a Mac's GPU, and the "
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
@@ -68,7 +67,7 @@ def most_processes(device: str, machine: Machine) -> int:
 # ---------------------------------------------------------------- several machines
 
 
-def several_machines_settings(settings: Profile, options: LaunchOptions) -> Profile:
+def several_machines_settings(settings: Settings) -> Settings:
     """The settings with main_process_ip in one spelling (`[::1]` is ::1); what several machines
     cannot run is refused here, before anything is probed or started."""
     if settings.num_machines < 2:
@@ -77,13 +76,12 @@ def several_machines_settings(settings: Profile, options: LaunchOptions) -> Prof
         address, port = address_and_port(settings.main_process_ip)
         if port is not None:
             raise MpslaunchError(
-                f"{source_of(options, 'main_process_ip')} {settings.main_process_ip} has a port in "
-                f"it; give the address alone ({address}) and the port with --main_process_port "
-                f"{port}")
+                f"{settings.named('main_process_ip')} has a port in it; give the address alone "
+                f"({address}) and the port with --main_process_port {port}")
         settings = settings.replace(main_process_ip=address)
     if settings.max_restarts and settings.rdzv_backend == "static":
         raise MpslaunchError(
-            f"{source_of(options, 'max_restarts')} {settings.max_restarts} on several machines "
+            f"{settings.named('max_restarts')} on several machines "
             "needs --rdzv_backend c10d: after a restart, a static rendezvous sends the restarted "
             "ranks to the old gloo addresses, and machine 0 waits forever; give every machine "
             "--rdzv_backend c10d, or --max_restarts 0")
@@ -135,7 +133,7 @@ def main_address_problem(settings: Profile, machine: Machine) -> str | None:
         return None
     what = "does not resolve to any address" if not stands_for else "is not an address of this machine"
     own = [ip for ip in machine.addresses if not ip.startswith(("127.", "::1", "fe80:"))]
-    return (f"main_process_ip {address} {what}, and machine 0 serves the rendezvous there; give "
+    return (f"{settings.named('main_process_ip')} {what}, and machine 0 serves the rendezvous there; give "
             f"one of this machine's addresses ({', '.join(own[:5]) or 'none but the loopback'}), "
             "give this machine its own --machine_rank if it is not machine 0, or add "
             "--main_process_ip_via_nat if that address reaches this machine through NAT")

@@ -24,6 +24,14 @@ __getattr__ = lazy_names(__name__, {
 })
 
 
+def thread_problem(plan: LaunchPlan) -> str | None:
+    """Why the plan's script cannot be run from this thread, or None."""
+    if plan.engine != "single" and threading.current_thread() is not threading.main_thread():
+        return ("several processes of a script are started from the main thread only (stopping "
+                "them needs its signal handlers); call from the main thread, or run one process here")
+    return None
+
+
 def describe(plan: LaunchPlan) -> str:
     """What --dry_run prints."""
     if plan.engine == "single":
@@ -48,11 +56,16 @@ def execute(plan: LaunchPlan, report: bool = False) -> int:
             from mpslaunch.run.single import run_child
 
             return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
-                             plan.removed, held)
-        if threading.current_thread() is not threading.main_thread():
-            raise MpslaunchError("several processes of a script are started from the main thread "
-                                 "only (stopping them needs its signal handlers); call from the "
-                                 "main thread, or run one process here")
+                             plan.removed, delivered=_delivered(plan), held=held)
+        problem = thread_problem(plan)
+        if problem:
+            raise MpslaunchError(problem)
         from mpslaunch.run.torchrun import elastic as torchrun
 
         return torchrun.run(plan, plan.grace_period, watch, held)
+
+
+def _delivered(plan: LaunchPlan) -> bool:
+    """SLURM signals every process of the step itself (plan/slurm.py), so the launcher does
+    not forward what it gets."""
+    return plan.cluster is not None and plan.cluster.delivers_signals

@@ -20,11 +20,13 @@ class Watch:
     device: str
     report: bool  # memory warnings and the end line; --quiet turns them off
     fault_handler: bool  # the script runs with PYTHONFAULTHANDLER on, so a crash shows a stack
+    failures_only: bool = False  # the end line only when the run failed (rank mode, not rank 0)
 
     @classmethod
     def for_plan(cls, plan, report: bool, environ: Mapping[str, str]) -> "Watch":
         handler = plan.env.get("PYTHONFAULTHANDLER", environ.get("PYTHONFAULTHANDLER", ""))
-        return cls(plan.keep_awake, plan.device, report, bool(handler) and not plan.no_python)
+        return cls(plan.keep_awake, plan.device, report, bool(handler) and not plan.no_python,
+                   plan.silent_rank)
 
 
 NOTHING = Watch(keep_awake=False, device="", report=False, fault_handler=False)
@@ -44,7 +46,7 @@ class Run:
 
     def ended(self, code: int, returncode: int | None = None, log_folder: str | None = None) -> None:
         """Print the end line (unless quiet). `returncode`: the one process's Popen code."""
-        if not self.watch.report:
+        if not self.watch.report or (self.watch.failures_only and code == 0):
             return
         self.peaks.tick()
         crash = (summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)

@@ -36,22 +36,24 @@ from mpslaunch.run.supervisor import Supervisor
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
               watch: Watch | None = None, env_removals: Iterable[str] = (),
-              held: Sequence[int] = ()) -> int:
-    """`held`: stopping signals that came before the run's handlers (see holding_stops)."""
+              delivered: bool = False, held: Sequence[int] = ()) -> int:
+    """`delivered`: SLURM signals the child itself (supervisor.py), so nothing is forwarded;
+    `held`: stopping signals that came before the run's handlers (supervisor.holding_stops)."""
     with watching(watch) as run:
         code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run,
-                                           env_removals, held)
+                                           env_removals, delivered, held)
     run.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, held):
+def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, delivered,
+               held):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
     env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
-    child = _Child(run_id, grace_seconds, run.watch.report)
+    child = _Child(run_id, grace_seconds, delivered, run.watch.report)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with child.supervisor.handling({**dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
                                     signal.SIGTSTP: child.job_control,
@@ -106,10 +108,11 @@ class _Child:
     stopping one goes through the supervisor (the first forwarded, with the grace period; a
     later one kills); job control reaches the child while it runs."""
 
-    def __init__(self, run_id: str, grace_seconds: float, report: bool = False):
+    def __init__(self, run_id: str, grace_seconds: float, delivered: bool = False,
+                 report: bool = False):
         self.process: subprocess.Popen | None = None
         self.held: list[int] = []
-        self.supervisor = Supervisor(run_id, grace_seconds, self.group,
+        self.supervisor = Supervisor(run_id, grace_seconds, self.group, delivered=delivered,
                                      announce=self.announce if report else None)
 
     def group(self) -> list[int]:
@@ -117,8 +120,11 @@ class _Child:
 
     def attach(self, process: subprocess.Popen) -> None:
         self.process = process
-        for signum in self.held:
-            self.signal(signum)
+        for signum in self.held:  # sent before the child existed: SLURM's did not reach it either
+            if signum in STOPPING_SIGNALS:
+                self.supervisor.stop(signum, missed=True)
+            else:
+                self.supervisor.send(signum)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -132,7 +138,8 @@ class _Child:
             self.supervisor.forward(signum)
 
     def announce(self, signum: int) -> None:
-        output.say(f"{signal.Signals(signum).name} passed on to the script; it has "
+        how = "sent to the script by SLURM" if self.supervisor.delivered else "passed on to the script"
+        output.say(f"{signal.Signals(signum).name} {how}; it has "
                    f"{self.supervisor.grace_seconds:g} s to stop (--grace_period) before it is "
                    "killed; Ctrl-C again kills it now")
 

@@ -8,7 +8,11 @@ or by torch's agent (`forwards_stops`), and what a signal means on their path (s
 torchrun/signals.py).
 
 Every decision to pass a signal on is made here: `forward` (the signals only passed on, a stop
-where the engine forwards stops) and `death_signal` (what torch's agent sends the ranks).
+where the engine forwards stops) and `death_signal` (what torch's agent sends the ranks). In a
+SLURM step (`delivered`), slurmstepd signals every process of the step itself (scancel, a time
+limit, srun's double Ctrl-C), the run's too: then nothing the launcher gets is forwarded, so each
+process gets SLURM's signal once (a signal that came before the processes existed is sent: SLURM's
+did not reach them either), and a stopping signal still starts the grace period.
 
 A signal the launcher was started with ignored (SIGHUP under nohup, SIGINT for a shell's `&` job)
 stays ignored: no handler is installed over it, and the children inherit the SIG_IGN. A signal
@@ -59,9 +63,11 @@ class Supervisor:
     """One run's processes as the launcher oversees them."""
 
     def __init__(self, run_id: str, grace_seconds: float, leaders: Callable[[], list[int]],
-                 forwards_stops: bool = True, announce: Callable[[int], None] | None = None):
+                 forwards_stops: bool = True, announce: Callable[[int], None] | None = None,
+                 delivered: bool = False):
         self.run_id, self.grace_seconds, self.leaders = run_id, grace_seconds, leaders
         self.forwards_stops = forwards_stops  # False: torch's agent sends the stop to the ranks
+        self.delivered = delivered  # SLURM signals the run's processes itself: forward nothing
         self.announce = announce  # called with the first stopping signal, once it reached the run
         self.stopping_signal = 0  # the first stopping signal: the run was stopped by it
         self.first_at = 0.0
@@ -111,6 +117,13 @@ class Supervisor:
     # ---------------------------------------------------------------- forwarding
 
     def forward(self, signum: int, _frame=None) -> bool:
+        """Send `signum` to the run's processes, unless SLURM has sent it to them itself; whether
+        one was there to get it."""
+        if self.delivered:
+            return bool(self.leaders())
+        return self.send(signum)
+
+    def send(self, signum: int) -> bool:
         """Send `signum` to the run's processes; whether one was there to get it."""
         reached = False
         for pid in self.leaders():
@@ -123,7 +136,9 @@ class Supervisor:
 
     def death_signal(self, default: int | None) -> int | None:
         """What torch's agent sends the ranks when it stops them: the stop's own signal, else
-        its `default` (SIGTERM after a rank failed)."""
+        its `default` (SIGTERM after a rank failed); 0 when SLURM has sent them the stop."""
+        if self.stopping_signal and self.delivered:
+            return 0
         return self.stopping_signal or default
 
     def job_control(self, signum: int, _frame=None) -> None:
@@ -133,15 +148,16 @@ class Supervisor:
 
     # ---------------------------------------------------------------- the grace period
 
-    def stop(self, signum: int) -> None:
+    def stop(self, signum: int, missed: bool = False) -> None:
         """A stopping signal reached the run. The first is forwarded (where this engine forwards
-        stops) and starts the grace period; the same one again at once is the same stop
+        stops; `missed`: it came before the run's processes existed, so it is sent even in a
+        SLURM step) and starts the grace period; the same one again at once is the same stop
         (SAME_STOP_SECONDS); any later one kills the run's processes now."""
         with self.lock:
-            started = self._stopping(signum)
+            started = self._stopping(signum, missed)
         self._announce(started)
 
-    def _stopping(self, signum: int) -> bool:
+    def _stopping(self, signum: int, missed: bool = False) -> bool:
         """stop(), under the lock; whether this started the grace period for processes there."""
         now = time.monotonic()
         if self.stopping_signal:
@@ -149,7 +165,10 @@ class Supervisor:
                 self.kill(signum)
             return False
         self.stopping_signal, self.first_at = signum, now
-        reached = self.forward(signum) if self.forwards_stops else bool(self.leaders())
+        if not self.forwards_stops:
+            reached = bool(self.leaders())
+        else:
+            reached = self.send(signum) if missed else self.forward(signum)
         self.timer = threading.Timer(self.grace_seconds, self.kill)
         self.timer.daemon = True
         self.timer.start()

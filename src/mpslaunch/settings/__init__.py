@@ -3,10 +3,12 @@
 options.py declares every launch option and profile key once (the option table); request.py
 (LaunchOptions, LaunchRequest) and profile.py (Profile) write its fields out; profile_files.py
 finds, reads and writes profile files; accelerate_config.py reads Accelerate's config files as
-profiles; flags.py and accelerate_flags.py are the table's command-line side (argparse);
-paths.py opens the files the user names (scripts too) only when they are regular files. Nothing here probes the
-machine or decides anything. Other packages take these names from here; the command-line side
-and the Accelerate translation are imported on first use.
+profiles; layers.py merges the defaults, a profile file, the command line (or
+mpslaunch.launch()'s keywords) and a cluster's facts into Settings, each value with where it
+came from; flags.py and accelerate_flags.py are the table's command-line side (argparse);
+paths.py opens the files the user names (scripts too) only when they are regular files. Nothing
+here probes the machine or decides anything. Other packages take these names from here; the
+command-line side and the Accelerate translation are imported on first use.
 """
 
 from mpslaunch import lazy_names
@@ -15,10 +17,13 @@ from mpslaunch.settings.options import (
     ACCELERATOR, BY_NAME, DEFAULT_GRACE_SECONDS, DEFAULT_PORT, DEVICES, MACHINES, MPS_WATERMARK_MAX,
     OPTIONS, OUTPUT, PLAN, PRECISIONS, PROFILE_OPTIONS, RDZV_BACKENDS, RDZV_TIMEOUT_MAX,
     REQUEST_OPTIONS, Option, cut)
-from mpslaunch.settings.paths import NotAFileError, current_folder, open_regular, unreadable
+from mpslaunch.settings.paths import (NotAFileError, current_folder, folder_main, open_regular,
+                                     unreadable)
 from mpslaunch.settings.profile import KNOWN_KEYS, MPS_KEYS, Profile, check_profile, check_value
-from mpslaunch.settings.request import (LaunchOptions, LaunchRequest, given_as, request_problem,
-                                        source_of)
+from mpslaunch.settings.request import LaunchOptions, LaunchRequest, request_problem
+from mpslaunch.settings.layers import (ACCELERATE, API, CLUSTER, COMMAND_LINE, DEFAULT, PROFILE,
+                                       Layer, Settings, file_layer, merge, options_layer,
+                                       profile_layer)
 from mpslaunch.settings.profile_files import ProfileFile, read_active
 
 __getattr__ = lazy_names(__name__, {

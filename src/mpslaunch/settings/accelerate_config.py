@@ -61,6 +61,7 @@ class Translation:
     profile: Profile
     basic_cpu: bool  # use_cpu: true as `accelerate config default` writes it on any Mac, unasked
     warnings: tuple[str, ...] = ()  # one line each: what was read differently or left out, and why
+    keys: tuple[str, ...] = ()  # the profile keys the file gives; the others are defaults
 
 
 def is_accelerate_config(keys) -> bool:
@@ -141,7 +142,8 @@ def translate(config: Mapping[str, object], where: object) -> Translation:
     problem = check_profile(profile)
     if problem:
         raise MpslaunchError(f"{where}: {problem}")
-    return Translation(profile, basic_cpu=_is_basic_cpu(config), warnings=tuple(reader.warnings))
+    return Translation(profile, basic_cpu=_is_basic_cpu(config), warnings=tuple(reader.warnings),
+                       keys=tuple(values))
 
 
 def _check_environment(reader: _Reader) -> None:

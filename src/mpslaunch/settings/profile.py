@@ -9,8 +9,9 @@ tests/settings/test_options.py holds the fields to the table.
 from __future__ import annotations
 
 import dataclasses
+import re
 
-from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT
+from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT, cut
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
@@ -34,6 +35,7 @@ class Profile:
     rdzv_backend: str = "static"
     rdzv_timeout: int = RDZV_TIMEOUT
     max_restarts: int = 0
+    slurm: bool = True  # read the machines and ranks from an srun step
     # on a Mac: PYTORCH_ENABLE_MPS_FALLBACK, PYTORCH_MPS_HIGH_WATERMARK_RATIO
     mps_fallback: bool = True
     mps_memory_cap: float | None = None
@@ -53,7 +55,12 @@ class Profile:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        """Every key and its value (only the profile's keys, from a Settings too)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)}
+
+    def named(self, key: str) -> str:
+        """The key and its value, as a message names them (Settings also says where from)."""
+        return f"{key} {getattr(self, key)}"
 
 
 KNOWN_KEYS = tuple(option.name for option in PROFILE_OPTIONS)
@@ -67,8 +74,42 @@ def check_value(key: str, value: object) -> str | None:
 def check_profile(profile: Profile) -> str | None:
     """Rules that tie several keys together; the reason the combination is wrong, or None."""
     if profile.machine_rank >= profile.num_machines:
-        return (f"machine_rank {profile.machine_rank} must be below num_machines "
-                f"{profile.num_machines} (ranks count from 0)")
+        return (f"{profile.named('machine_rank')} must be below {profile.named('num_machines')}, "
+                "since ranks count from 0")
     if profile.num_machines > 1 and not profile.main_process_ip:
-        return "num_machines is above 1, so main_process_ip (the address of machine 0) is needed"
+        return (f"{profile.named('num_machines')} is above 1, so main_process_ip (the address of "
+                "machine 0) is needed")
+    return None
+
+
+def unknown_keys_problem(keys: list[tuple[str, int]]) -> str | None:
+    """Every key of (key, line) that is not a profile key, each with the nearest known key, in
+    one sentence; None when all are known."""
+    import difflib  # only when a key is wrong
+
+    unknown = [(key, line) for key, line in keys if key not in KNOWN_KEYS]
+    if not unknown:
+        return None
+    named = []
+    for key, line in unknown:
+        close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+        named.append(f"line {line}: unknown key {cut(repr(key))}"
+                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"{'; '.join(named)}; known keys: {', '.join(KNOWN_KEYS)}"
+
+
+# YAML 1.1 reads 8:20 as the base-60 number 500, and 010 as the octal number 8.
+_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+
+
+def written_number_problem(text: str, value: object) -> str | None:
+    """Why a number as the file spells it (`text`, unquoted) is not what a person means by it,
+    though YAML reads it as `value`; None when it is."""
+    if _BASE_60.fullmatch(text):
+        return (f"is written {text}, which YAML reads as the base-60 number {value}; write the "
+                "number itself")
+    if _OCTAL.fullmatch(text) and text.lstrip("+-") != "0":
+        return (f"is written {text}, which YAML reads as the octal number {value} (a leading 0); "
+                "write it without the 0")
     return None

@@ -30,6 +30,7 @@ class LaunchOptions:
     rdzv_backend: str | None = None
     rdzv_timeout: int | None = None  # seconds
     max_restarts: int | None = None
+    slurm: bool | None = None  # False: --no_slurm
     monitor_interval: float | None = None  # seconds; None: the launcher's own
     # NVIDIA GPUs
     gpu_ids: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks
@@ -73,16 +74,3 @@ def request_problem(options: LaunchOptions) -> str | None:
         if problem:
             return f"{option.spelling} {problem}"
     return None
-
-
-def given_as(options: LaunchOptions, key: str, value: object, profile_file: str | None) -> str:
-    """A setting as a message names it: `--key value` when the flag gave it (or no file is
-    known), else the profile's key and file (`key: value in FILE`)."""
-    if getattr(options, key, None) is not None or not profile_file:
-        return f"--{key} {value}"
-    return f"{key}: {value} in {profile_file}"
-
-
-def source_of(options: LaunchOptions, key: str) -> str:
-    """How a message names a setting: the flag when it was given, else the profile's key."""
-    return f"--{key}" if getattr(options, key, None) not in (None, False) else f"the profile's {key}"

@@ -129,7 +129,7 @@ def test_machine_0_refuses_a_main_address_that_is_not_its_own(tmp_path):
     result = run_cli(*args, timeout=60)
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("mpslaunch: error: main_process_ip 198.51.100.7 is not an address of "
+    assert line.startswith("mpslaunch: error: --main_process_ip 198.51.100.7 is not an address of "
                            "this machine") and "--main_process_ip_via_nat" in line
     assert not (tmp_path / "never.py.ran").exists()
     # Through NAT the address is not its own, by design: then it is accepted (with gloo told its

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from mpslaunch.run.torchrun.outcome import (RankFailure, failure_summary, from_torch, how_it_ended,
-                                            other_endings, rank_log_folder, stopped_ranks,
-                                            stopped_summary)
+                                            largest_own_failure, other_endings, rank_log_folder,
+                                            stopped_ranks, stopped_summary)
 
 
 def make_logs(root, run_id: str, attempts: int, local_ranks: int = 2):
@@ -131,3 +131,19 @@ def test_an_abort_in_torchs_exit_is_named_as_such(tmp_path):
     plain = failure_summary(RankFailure(1, 1, 1, -signal.SIGABRT, str(folder)), {0: 0})
     assert "it was killed by SIGABRT (exit code 134): a crash in native code;" in plain  # the script's own
 
+
+
+def test_in_a_slurm_step_a_node_reports_its_largest_own_failure_not_one_it_stopped():
+    """torch times failures in whole seconds: a rank that lost its failed peer within the same
+    second can look first. srun reports its tasks' largest code, so each node reports the
+    largest of its ranks' own codes; a rank the launcher stopped (local rank 0 here) does not
+    count."""
+    failures = {4: SimpleNamespace(local_rank=0, exitcode=-signal.SIGTERM),
+                5: SimpleNamespace(local_rank=1, exitcode=1),
+                6: SimpleNamespace(local_rank=2, exitcode=3)}
+    assert largest_own_failure(failures, stopped={0: -signal.SIGTERM}) == 6
+    assert largest_own_failure({5: failures[5]}, stopped={}) == 5
+    killed = {5: SimpleNamespace(local_rank=1, exitcode=-signal.SIGKILL), 6: failures[6]}
+    assert largest_own_failure(killed, stopped={}) == 5  # 137 by itself (out of memory)
+    text = failure_summary(RankFailure(6, 2, 1, 3, None), largest=True)
+    assert text.startswith("mpslaunch: rank 6 failed with the largest code: it exited with code 3")

@@ -18,10 +18,11 @@ from mpslaunch import output
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
 from mpslaunch.launcher import prepare
-from mpslaunch.plan import apply_flags, decide, mps_problem
-from mpslaunch.settings import (MPS_KEYS, LaunchOptions, Profile, ProfileFile, add_option,
-                                add_table_options, check_profile, default_config_path,
-                                profile_files, unused_default_note)
+from mpslaunch.plan import decide, mps_problem, settle
+from mpslaunch.settings import (DEFAULT, KNOWN_KEYS, MPS_KEYS, LaunchOptions, Profile,
+                                ProfileFile, Settings, add_option, add_table_options,
+                                check_profile, default_config_path, file_layer, merge,
+                                options_layer, profile_files, profile_layer, unused_default_note)
 
 HELP = """\
 Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
@@ -147,8 +148,8 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
             profile = profile.replace(device="auto" if _keep_mps(ask) else "cpu")
         except (KeyboardInterrupt, EOFError) as stop:
             return _stopped(stop, path)
-    profile = apply_flags(profile, LaunchOptions(**choices))
-    return write(profile, path, machine)
+    settled = settle(profile_layer(profile), options_layer(LaunchOptions(**choices)))
+    return write(Profile(**settled.to_dict()), path, machine)
 
 
 def _keep_mps(ask: bool) -> bool:
@@ -174,7 +175,8 @@ def default_profile(machine: Machine, environ: Mapping[str, str], elsewhere: boo
     is named (--config_file, --profile), so a --device this machine lacks (a Mac's mps, written
     from Linux) is written for the machine that has it."""
     try:
-        checked = decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+        settings = decide(Profile(), LaunchOptions(**choices), machine, environ).settings
+        checked = Profile(**settings.to_dict())
     except MpslaunchError as refusal:
         if "device" not in choices:
             raise
@@ -236,10 +238,22 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine | N
     profile = loaded.profile
     unused = unused_keys(profile, machine or machine_probe.probe())
     body = profile_files.to_yaml(profile, unused).split("\n", 1)[1]  # no comment line
+    if loaded.path:
+        body = _defaults_marked(body, merge(file_layer(loaded)))
     accelerate = unused_default_note(os.environ)
     if accelerate:
         output.note(f"Accelerate's default config {accelerate}")
     return f"{head}\n{body}\n{on_this_machine(loaded, machine)}"
+
+
+def _defaults_marked(body: str, settings: Settings) -> str:
+    """The profile's YAML lines, those the file does not set marked as the defaults."""
+    lines = []
+    for line in body.splitlines():
+        key = line.partition(":")[0]
+        default = key in KNOWN_KEYS and key != "version" and settings.kind(key) == DEFAULT
+        lines.append(f"{line}  # default" if default else line)
+    return "\n".join(lines) + "\n"
 
 
 def on_this_machine(loaded: ProfileFile, machine: Machine | None) -> str:
@@ -253,8 +267,9 @@ def on_this_machine(loaded: ProfileFile, machine: Machine | None) -> str:
 
 
 def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:
-    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults."""
-    if machine.is_mac:
+    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults,
+    unless the profile is for a Mac (device mps), wherever it is written."""
+    if machine.is_mac or profile.device == "mps":
         return ()
     default = Profile()
     return tuple(key for key in MPS_KEYS if getattr(profile, key) == getattr(default, key))

@@ -17,7 +17,7 @@ from mpslaunch.machine import Machine, with_addresses
 from mpslaunch.plan import (choose_device, cuda_problem, decide, main_address_problem,
                            most_processes, mps_problem, precision_refusal, processes_problem)
 from mpslaunch.settings import (DEFAULT_PORT, PRECISIONS, RDZV_BACKENDS, LaunchOptions, Profile,
-                                check_profile, check_value)
+                                check_profile, check_value, merge, profile_layer)
 
 _NO_FLAGS = LaunchOptions()  # the questions plan with the profile alone, as `launch` with no flags
 RDZV_LABELS = {
@@ -53,7 +53,7 @@ def device_offer(machine: Machine) -> Offer:
 
 def device_in_use(device: str, machine: Machine) -> tuple[str, str]:
     """What `device` becomes on this machine ("auto" -> mps/cuda/cpu) and the plan's reason."""
-    return choose_device(device, _NO_FLAGS, machine)
+    return choose_device(merge(profile_layer(Profile(device=device))), machine)
 
 
 def precision_offer(device: str, machine: Machine) -> Offer:

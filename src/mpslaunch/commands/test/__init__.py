@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
         launcher.announce(plan, stream=sys.stderr if args.json else sys.stdout)
         # The child's code is not the verdict: the reports are (a crash leaves none).
         child_code = launcher.execute(plan)
-        outcomes = collect(Path(report_dir), plan.num_processes, child_code)
+        outcomes = collect(Path(report_dir), plan.settings.num_processes, child_code)
     passed = bool(outcomes) and all(o.ok for o in outcomes)
     print(as_json(plan, outcomes, passed) if args.json else format_outcomes(outcomes))
     return 0 if passed else EXIT_FAILED
@@ -92,7 +92,7 @@ def expectations(plan, timeout: float) -> tuple[str, ...]:
                             os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK", "1"))
     return (
         "--expect-device", plan.device,
-        "--expect-precision", plan.mixed_precision,
+        "--expect-precision", plan.settings.mixed_precision,
         "--expect-world-size", str(plan.world_size),
         "--expect-mps-fallback", "1" if fallback.strip() == "1" else "0",
         "--timeout", str(timeout),
@@ -172,7 +172,8 @@ def _passed_detail(results: list[tuple[int, dict]]) -> str:
 
 def as_json(plan, outcomes: list[Outcome], passed: bool) -> str:
     return json.dumps({"plan": plan.summary(), "device": plan.device,
-                       "mixed_precision": plan.mixed_precision, "processes": plan.world_size,
+                       "mixed_precision": plan.settings.mixed_precision,
+                       "processes": plan.world_size,
                        "passed": passed, "checks": [asdict(o) for o in outcomes]}, indent=2)
 
 

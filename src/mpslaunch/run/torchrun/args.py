@@ -53,8 +53,8 @@ def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = 
     """torch.distributed.run's command line (without `python -m torch.distributed.run`)."""
     port = port_text or str(rendezvous.port)
     args = [
-        "--nnodes", str(plan.num_machines),
-        "--nproc-per-node", str(plan.num_processes),
+        "--nnodes", str(plan.settings.num_machines),
+        "--nproc-per-node", str(plan.settings.num_processes),
         "--rdzv-backend", rendezvous.backend,
         "--rdzv-id", rendezvous.run_id,
         "--max-restarts", str(plan.settings.max_restarts),
@@ -105,21 +105,22 @@ def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapp
 def rank_environments(plan: LaunchPlan, rendezvous: Rendezvous,
                       port_text: str | None = None) -> list[dict[str, str]]:
     """The variables torchrun gives each local rank on this machine (for --dry_run)."""
-    world = plan.num_processes * plan.num_machines
+    world = plan.world_size
     static = rendezvous.backend == "static"
     table = []
-    for local_rank in range(plan.num_processes):
+    processes = plan.settings.num_processes
+    for local_rank in range(processes):
         if rendezvous.node_rank is None:
             rank = group_rank = "<assigned at rendezvous>"
         else:
-            rank = str(rendezvous.node_rank * plan.num_processes + local_rank)
+            rank = str(rendezvous.node_rank * processes + local_rank)
             group_rank = str(rendezvous.node_rank)
         table.append({
             "RANK": rank,
             "LOCAL_RANK": str(local_rank),
             "GROUP_RANK": group_rank,
             "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(plan.num_processes),
+            "LOCAL_WORLD_SIZE": str(processes),
             # c10d: the store that the ranks share is on whichever machine got rank 0.
             "MASTER_ADDR": rendezvous.address if static else "<set at rendezvous>",
             "MASTER_PORT": (port_text or str(rendezvous.port)) if static else "<set at rendezvous>",

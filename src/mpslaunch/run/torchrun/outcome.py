@@ -36,6 +36,16 @@ def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
                        str(folder) if folder else None)
 
 
+def largest_own_failure(failures: Mapping[int, object], stopped: Mapping[int, int]) -> int:
+    """The rank, among those that failed by themselves (not one the launcher stopped: local
+    ranks in `stopped`), with the largest exit code: in a SLURM step srun reports its tasks'
+    largest code, so each node reports its ranks' largest, and the script's own code is what a
+    failure on any node gives srun, whichever failed first (torch times failures in seconds)."""
+    own = {rank: failure for rank, failure in failures.items()
+           if failure.local_rank not in stopped} or failures
+    return max(own, key=lambda rank: (exit_code(own[rank].exitcode), -rank))
+
+
 def other_endings(first: RankFailure, failures: Mapping[int, object], local_ranks: int,
                   stopped: Mapping[int, int] | None = None) -> dict[int, int]:
     """How this machine's other ranks ended: a rank the launcher stopped as the stop recorded it
@@ -124,11 +134,13 @@ def aborted_at_exit(failure: RankFailure) -> bool:
 
 def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None,
                     stopped: set[int] | None = None, grace_seconds: float | None = None,
-                    fault_handler: bool = False) -> str:
+                    fault_handler: bool = False, largest: bool = False) -> str:
     """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention);
     `stopped`: which of them the launcher stopped (None: not known, judged by their codes);
-    `fault_handler`: the ranks ran with PYTHONFAULTHANDLER on, so a crash printed their stack."""
+    `fault_handler`: the ranks ran with PYTHONFAULTHANDLER on, so a crash printed their stack;
+    `largest`: the failure is the one with the largest code (largest_own_failure), not the first."""
     ended = "stopped" if stopped_on_request(failure.exitcode) else "failed"
+    ended += " with the largest code" if largest else " first"
     how = how_it_ended(failure.exitcode)
     if aborted_at_exit(failure):
         how = (f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
@@ -136,7 +148,7 @@ def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = Non
                f"with gloo, {EXIT_ABORT_ISSUE}")
     elif crash_meaning(failure.exitcode, fault_handler):
         how += f": {crash_meaning(failure.exitcode, fault_handler)}"
-    text = f"mpslaunch: rank {failure.rank} {ended} first: it {how}"
+    text = f"mpslaunch: rank {failure.rank} {ended}: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and disk_full(folder / "stderr.log"):
         text += (f"; the disk holding its log folder {folder} is full, so its output (any "

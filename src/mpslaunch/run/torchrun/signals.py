@@ -13,6 +13,10 @@ does not hold yet would not be closed), and at the checkpoints between (`check`)
 and the other signals only passed on reach the ranks; Ctrl-Z stops the ranks, then the launcher
 (SIGCONT continues them); a signal the launcher was started with ignored (nohup's SIGHUP) stays
 ignored.
+
+In a SLURM step (`delivered`), SLURM signals every rank itself: nothing is forwarded, and the
+agent's shutdown after a stop waits for the ranks (torch_internals.graceful_stops, told by
+supervisor.death_signal) instead of signalling them again.
 """
 
 from __future__ import annotations
@@ -45,9 +49,11 @@ class LauncherSignals:
     """The run's handlers and its supervisor (`watcher`); `quiet()` once the ranks are gone.
     `say`: where the line at the first stop goes (None: --quiet)."""
 
-    def __init__(self, grace_seconds: float, run_id: str, say: Callable[[str], None] | None = None):
+    def __init__(self, grace_seconds: float, run_id: str, say: Callable[[str], None] | None = None,
+                 delivered: bool = False):
         self.watcher = Supervisor(run_id, grace_seconds, lambda: rank_pids(run_id),
-                                  forwards_stops=False, announce=self._announce if say else None)
+                                  forwards_stops=False, announce=self._announce if say else None,
+                                  delivered=delivered)
         self.say = say
         self.inside = False  # in an interruptible() region
         self.starting = False  # torch is starting an attempt's ranks
@@ -120,7 +126,8 @@ class LauncherSignals:
         return self.watcher.death_signal(default)
 
     def _announce(self, signum: int) -> None:
-        self.say(f"mpslaunch: {signal.Signals(signum).name} passed on to every rank; they have "
+        how = "sent to every rank by SLURM" if self.watcher.delivered else "passed on to every rank"
+        self.say(f"mpslaunch: {signal.Signals(signum).name} {how}; they have "
                  f"{self.watcher.grace_seconds:g} s to stop (--grace_period) before they are "
                  "killed; Ctrl-C again kills them now")
 
