@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable
+
+from mpslaunch import record
 
 PROFILE_VERSION = 1
 DEVICES = ("auto", "mps", "cuda", "cpu")
@@ -76,7 +77,7 @@ _version = rule(lambda value: 1 <= value <= PROFILE_VERSION,
 # ---------------------------------------------------------------- the table
 
 
-@dataclass(frozen=True)
+@record
 class Option:
     """One launch option or profile key, as the parser, the request and the profile see it."""
 

@@ -8,14 +8,13 @@ tests/settings/test_options.py holds the fields to the table.
 
 from __future__ import annotations
 
-import dataclasses
-
+from mpslaunch import record
 from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Profile:
     """A profile: every key with its value."""
 
@@ -51,11 +50,11 @@ class Profile:
     keep_awake: bool = True
 
     def replace(self, **changes: object) -> Profile:
-        return dataclasses.replace(self, **changes)
+        return self._replace(**changes)
 
     def to_dict(self) -> dict[str, object]:
         """Every key and its value (only the profile's keys, from a Settings too)."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)}
+        return {name: getattr(self, name) for name in Profile._fields}
 
     def named(self, key: str) -> str:
         """The key and its value, as a message names them (Settings also says where from)."""
