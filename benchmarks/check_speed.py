@@ -16,6 +16,13 @@ pass` against a Python that imports the check and runs launch's first check of t
 in turn. The huge file is many small functions (the shape that made the check grow as
 functions times file size), checked whole in a child of its own beside a bare `ast.parse`:
 seconds and peak memory (maxrss).
+
+`--also_src DIR` times another checkout's check (its `src` folder) beside this one in the same
+run: the in-process times in children that take turns (`--rounds`; this checkout's too, the
+same way), then in one process, the other checkout's package loaded under another name and the
+two checks taking turns call by call, Python's start with each, and the huge file with each. "Seen before" includes
+working out the rules' digest, which each launch does once. `--clock cpu` times the in-process
+checks by the process's own CPU time, which other work on a shared machine disturbs less.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -173,13 +181,18 @@ def generated_script(lines: int = 2000) -> str:
         index += 1
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's own time
+CLOCK = [time.perf_counter]
+
+
 def median_ms(action, runs: int) -> tuple[float, float]:
+    clock = CLOCK[0]
     action()  # warm-up
     samples = []
     for _ in range(runs):
-        start = time.perf_counter()
+        start = clock()
         action()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return 1000 * statistics.median(samples), 1000 * min(samples)
 
 
@@ -193,15 +206,108 @@ def time_checks(script: Path, runs: int) -> dict[str, tuple[float, float]]:
     text = script.read_text()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-cache-"))
     sources = read_sources(script, whole=False)
-    cache.save(script, target, sources, check_sources(sources, target), folder)
+    report = check_sources(sources, target)
+    if hasattr(sources, "read"):  # this checkout's cache.save
+        cache.save(script, target, sources.read, sources.absent, report, folder, sources.listed)
+    else:  # an older checkout's
+        cache.save(script, target, sources, report, folder)
+    try:
+        from mpslaunch.check import registry
+        digests = registry._digest  # worked out once per launch: time it each time
+    except ImportError:
+        digests = []
+
+    def seen_before():
+        digests.clear()
+        return cache.read(script, target, folder)
+
+    assert seen_before() is not None
     times = {
         "ast.parse alone": median_ms(lambda: ast.parse(text), runs),
         "mpslaunch check (whole file)": median_ms(lambda: check_script(script, target), runs),
         "launch, first check": median_ms(lambda: check_script(script, target, whole=False), runs),
-        "launch, script seen before": median_ms(lambda: cache.read(script, target, folder), runs),
+        "launch, script seen before": median_ms(seen_before, runs),
     }
     shutil.rmtree(folder, ignore_errors=True)
     return times
+
+
+def renamed_copy(src: Path, folder: Path, name: str = "mpslaunch_other") -> str:
+    """A copy of the mpslaunch package under src, importable as `name` beside this checkout's
+    (its own imports of mpslaunch rewritten), so both checks run in one process."""
+    target = folder / name
+    shutil.copytree(src / "mpslaunch", target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in target.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(re.sub(r"(?m)^([ \t]*)(from|import) mpslaunch\b", rf"\1\2 {name}", text))
+    sys.path.insert(0, str(folder))
+    return name
+
+
+def paired_checks(script: Path, other_src: Path, runs: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """Both checks in this process, taking turns call by call (the order swapped each time), so
+    other work on the machine weighs on both alike: median and best ms of each, per measure."""
+    import ast
+    import importlib
+
+    folder = Path(tempfile.mkdtemp(prefix="mpslaunch-other-"))
+    packages = {"this checkout": "mpslaunch", str(other_src): renamed_copy(other_src, folder)}
+    clock, text, actions = CLOCK[0], script.read_text(), {}
+    for label, package in packages.items():
+        check = importlib.import_module(f"{package}.check")
+        cache = importlib.import_module(f"{package}.check.cache")
+        reading = importlib.import_module(f"{package}.check.reading")
+        target = check.Target("mps", 1, "Darwin")
+        kept = folder / f"kept-{package}"
+        sources = reading.read_sources(script, whole=False)
+        report = check.check_sources(sources, target)
+        if hasattr(sources, "read"):
+            cache.save(script, target, sources.read, sources.absent, report, kept, sources.listed)
+        else:
+            cache.save(script, target, sources, report, kept)
+        try:
+            digests = importlib.import_module(f"{package}.check.registry")._digest
+        except ImportError:
+            digests = []
+
+        def seen_before(cache=cache, target=target, kept=kept, digests=digests):
+            digests.clear()  # worked out once per launch
+            assert cache.read(script, target, kept) is not None
+
+        actions[label] = {
+            "ast.parse alone": lambda: ast.parse(text),
+            "mpslaunch check (whole file)": lambda check=check, target=target: check.check_script(script, target),
+            "launch, first check": lambda check=check, target=target: check.check_script(script, target, whole=False),
+            "launch, script seen before": seen_before,
+        }
+    samples = {label: {name: [] for name in measures} for label, measures in actions.items()}
+    labels = list(actions)
+    for name in actions[labels[0]]:
+        for label in labels:
+            actions[label][name]()  # warm-up
+        for turn in range(runs):
+            for label in (labels if turn % 2 == 0 else labels[::-1]):
+                start = clock()
+                actions[label][name]()
+                samples[label][name].append(clock() - start)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {label: {name: (1000 * statistics.median(values), 1000 * min(values)) for name, values in measures.items()}
+            for label, measures in samples.items()}
+
+
+def time_checks_of(trees: dict[str, Path], script: Path, runs: int, rounds: int, clock: str) -> dict:
+    """time_checks of each tree's check in children that take turns: the median of each
+    round's medians, and the best."""
+    found: dict[str, dict[str, list]] = {label: {} for label in trees}
+    for _ in range(rounds):
+        for label, src in trees.items():
+            done = subprocess.run([sys.executable, __file__, "--time_checks", str(script), "--check_runs",
+                                   str(runs), "--clock", clock], capture_output=True, text=True, check=True,
+                                  env={**os.environ, "PYTHONPATH": str(src)})
+            for name, (median, best) in json.loads(done.stdout).items():
+                found[label].setdefault(name, []).append((median, best))
+    return {label: {name: (statistics.median(m for m, _ in values), min(b for _, b in values))
+                    for name, values in times.items()} for label, times in found.items()}
 
 
 CHECK_IN_A_CHILD = """
@@ -228,28 +334,32 @@ def huge_script(megabytes: float) -> str:
     return "".join(parts)
 
 
-def time_huge(script: Path) -> dict[str, tuple[float, float]]:
+def time_huge(script: Path, src: Path | None = None) -> dict[str, tuple[float, float]]:
     """(seconds, peak MB) of a bare parse and of the whole check, each in a child of its own."""
     found = {}
+    env = {**os.environ, **({"PYTHONPATH": str(src)} if src else {})}
     for label, mode in (("ast.parse alone", "parse"), ("mpslaunch check (whole file)", "check")):
         done = subprocess.run([sys.executable, "-c", CHECK_IN_A_CHILD, str(script), mode],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=True, env=env)
         seconds, maxrss = json.loads(done.stdout)
         found[label] = (seconds, maxrss / 1024)  # Linux gives KiB
     return found
 
 
-def time_start(script: Path, runs: int) -> dict[str, float]:
-    """Medians (ms) of Python's own start and of a start that runs launch's first check."""
+def time_start(script: Path, runs: int, trees: dict[str, Path]) -> dict[str, float]:
+    """Medians (ms) of Python's own start and of a start that runs launch's first check (with
+    each tree's check)."""
     code = ("import sys; from pathlib import Path; from mpslaunch.check import Target, check_script; "
             "check_script(Path(sys.argv[1]), Target('mps', 1, 'Darwin'), whole=False)")
-    commands = {"python -c pass": [sys.executable, "-c", "pass"],
-                "python + launch's first check": [sys.executable, "-c", code, str(script)]}
+    commands = {"python -c pass": ([sys.executable, "-c", "pass"], None)}
+    for label, src in trees.items():
+        commands[f"python + launch's first check{label}"] = ([sys.executable, "-c", code, str(script)], src)
     times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs + 1):
-        for name, command in commands.items():
+        for name, (command, src) in commands.items():
+            env = {**os.environ, **({"PYTHONPATH": str(src)} if src else {})}
             start = time.perf_counter()
-            subprocess.run(command, check=True)
+            subprocess.run(command, check=True, env=env)
             times[name].append(time.perf_counter() - start)
     return {name: 1000 * statistics.median(values[1:]) for name, values in times.items()}
 
@@ -279,26 +389,61 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (default 7)")
     parser.add_argument("--lines", type=int, default=1500, help="lines of the script (default 1500)")
     parser.add_argument("--huge_mb", type=float, default=1.9, help="size of the huge file (default 1.9 MB)")
+    parser.add_argument("--also_src", type=Path, help="another checkout's src folder, timed beside this one")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of each checkout's children (default 3)")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall",
+                        help="what the in-process checks are timed by: wall time, or the process's own "
+                             "CPU time (steadier on a machine other work shares)")
+    parser.add_argument("--checks_only", action="store_true",
+                        help="time only the checks in-process (not Python's start, the huge file, launches)")
+    parser.add_argument("--time_checks", type=Path, help=argparse.SUPPRESS)  # a child's work
     options = parser.parse_args()
+    CLOCK[0] = CLOCKS[options.clock]
+    if options.time_checks:
+        print(json.dumps(time_checks(options.time_checks, options.check_runs)))
+        return 0
+    here = Path(__file__).resolve().parents[1] / "src"
+    trees = {"": here, **({f" [{options.also_src}]": options.also_src.resolve()} if options.also_src else {})}
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-check-bench-"))
     script = folder / "s.py"
     script.write_text(generated_script(options.lines))
     os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
     lines = script.read_text().count("\n")
-    print(f"{lines}-line script, {options.check_runs} runs each: median ms (best)")
-    for name, (median, best) in time_checks(script, options.check_runs).items():
-        print(f"  {name:32} {median:7.1f} ({best:.1f})")
-    start = time_start(script, options.runs * 3)
+    if options.also_src:
+        print(f"{lines}-line script, {options.check_runs} runs each in {options.rounds} alternating children "
+              f"per checkout, {options.clock} time: median of the medians, ms (best)")
+        for label, times in time_checks_of(trees, script, options.check_runs, options.rounds, options.clock).items():
+            print(f"  {label.strip() or 'this checkout'}")
+            for name, (median, best) in times.items():
+                print(f"    {name:30} {median:7.1f} ({best:.1f})")
+        paired = paired_checks(script, options.also_src.resolve(), options.check_runs * options.rounds)
+        print(f"the same in one process, the two checks taking turns, {options.check_runs * options.rounds} "
+              f"runs each, {options.clock} time: median ms (best), and this checkout's over the other's")
+        mine, theirs = paired.values()
+        for name in mine:
+            ratio = mine[name][0] / theirs[name][0] if theirs[name][0] else float("nan")
+            print(f"  {name:30} {mine[name][0]:7.1f} ({mine[name][1]:.1f})  {theirs[name][0]:7.1f} "
+                  f"({theirs[name][1]:.1f})  {ratio:5.2f}")
+    else:
+        print(f"{lines}-line script, {options.check_runs} runs each, {options.clock} time: median ms (best)")
+        for name, (median, best) in time_checks(script, options.check_runs).items():
+            print(f"  {name:32} {median:7.1f} ({best:.1f})")
+    if options.checks_only:
+        shutil.rmtree(folder, ignore_errors=True)
+        return 0
+    start = time_start(script, options.runs * 3, trees)
     print(f"Python's own start and the check, {options.runs * 3} alternating runs: median ms")
     for name, value in start.items():
         print(f"  {name:32} {value:7.1f}")
-    added = start["python + launch's first check"] - start["python -c pass"]
-    print(f"  {'the check adds':32} {added:7.1f}")
+    for label in trees:
+        added = start[f"python + launch's first check{label}"] - start["python -c pass"]
+        print(f"  {'the check adds' + label:32} {added:7.1f}")
     huge = folder / "huge.py"
     huge.write_text(huge_script(options.huge_mb))
     print(f"a huge file, {huge.stat().st_size / 1e6:.1f} MB: seconds, peak MB")
-    for name, (seconds, megabytes) in time_huge(huge).items():
-        print(f"  {name:32} {seconds:7.2f} {megabytes:7.0f}")
+    for label, src in trees.items():
+        for name, (seconds, megabytes) in time_huge(huge, src).items():
+            print(f"  {name + label:32} {seconds:7.2f} {megabytes:7.0f}")
     stubbed = folder / "stub" / "s.py"
     for name, text in {"s.py": script.read_text(), **STUB_TORCH}.items():
         (stubbed.parent / name).parent.mkdir(parents=True, exist_ok=True)

@@ -182,15 +182,29 @@ def write_script(folder: Path, name: str, body: str) -> Path:
 def small_disk(folder: Path, size: str):
     """A tmpfs of `size` (such as "1m") mounted on the new `folder`, unmounted at the end: a disk
     that really fills up. It needs root; elsewhere the test skips with the reason."""
+    with _tmpfs(folder, f"size={size}", "a small tmpfs (a disk that fills up)"):
+        yield folder
+
+
+@contextmanager
+def read_only_disk(folder: Path):
+    """A tmpfs mounted read-only on the new `folder` (EROFS on every write, even root's),
+    unmounted at the end. It needs root; elsewhere the test skips with the reason."""
+    with _tmpfs(folder, "ro,size=1m", "a read-only tmpfs"):
+        yield folder
+
+
+@contextmanager
+def _tmpfs(folder: Path, options: str, what: str):
     folder.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        pytest.skip(f"mounting {what} needs root")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
                            capture_output=True, text=True)
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
-        yield folder
+        yield
     finally:
         subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 

@@ -1,5 +1,7 @@
 """The layout docs/design.md draws holds: at most 12 entries at the top of src/mpslaunch, imports
-between its packages point down only, and a package is imported through its `__init__.py`."""
+between its packages point down only, a package is imported through its `__init__.py`, and the
+modules of a package import each other without a circle (imports inside functions and for type
+checking count: they only hide one)."""
 
 from __future__ import annotations
 
@@ -43,3 +45,76 @@ def test_imports_point_down_and_through_each_package(path):
             continue
         assert LAYERS[other] < LAYERS[package], f"{package} imports {name}, from above or beside it"
         assert len(parts) == 2, f"{package} imports {name}: import it from mpslaunch.{other}"
+
+
+PACKAGES = sorted(path.parent for path in SOURCE.rglob("__init__.py"))
+
+
+def package_imports(package: Path, dotted: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package (`dotted`) it imports, anywhere in it. `from
+    package import name` imports the module `name` when there is one, else the `__init__`."""
+    modules = {path.stem for path in package.glob("*.py")}
+    graph = {}
+    for module in modules:
+        found = set()
+        for node in ast.walk(ast.parse((package / f"{module}.py").read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith(dotted + "."):
+                    part = name[len(dotted) + 1:].split(".")[0]
+                    found.add(part if part in modules else "__init__")
+        found.discard(module)
+        graph[module] = found
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports, as the modules along it, or None."""
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for other in sorted(graph.get(module, ())):
+            if state.get(other) == "open":
+                return path[path.index(other):] + [other]
+            if other not in state:
+                found = visit(other, [*path, other])
+                if found:
+                    return found
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda path: str(path.relative_to(SOURCE.parent)))
+def test_no_circle_of_imports_inside_a_package(package):
+    dotted = ".".join(("mpslaunch", *package.relative_to(SOURCE).parts))
+    assert circle(package_imports(package, dotted)) is None
+
+
+def test_a_circle_hidden_in_a_function_or_behind_type_checking_is_found(tmp_path):
+    for name, text in {"__init__.py": "",
+                       "scan.py": "def scan():\n    from mpslaunch.pkg.walk import walk\n",
+                       "walk.py": "from mpslaunch.pkg.scan import Where\n",
+                       "cache.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n"
+                                   "    from mpslaunch.pkg.reading import Sources\n",
+                       "reading.py": "from mpslaunch.pkg import cache\n",
+                       "report.py": "from mpslaunch.pkg import Finding\n"}.items():
+        (tmp_path / name).write_text(text)
+    graph = package_imports(tmp_path, "mpslaunch.pkg")
+    assert graph["reading"] == {"cache"} and graph["report"] == {"__init__"}
+    assert circle({module: graph[module] for module in ("scan", "walk")}) == ["scan", "walk", "scan"]
+    assert circle({module: graph[module] for module in ("cache", "reading")}) == ["cache", "reading", "cache"]
+    assert circle({module: graph[module] for module in ("report", "__init__", "reading", "cache")}) \
+        == ["cache", "reading", "cache"]

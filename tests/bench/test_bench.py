@@ -23,7 +23,7 @@ from mpslaunch.bench.report import (
 )
 from mpslaunch.bench.timing import Timing
 from mpslaunch.output import MpslaunchError
-from conftest import MACHINES, run_cli
+from conftest import MACHINES, one_line_error, read_only_disk, run_cli
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
         "--warmup", "1", "--budget", "0.5"]
@@ -444,3 +444,21 @@ def test_ctrl_c_in_the_middle_of_a_long_op_stops_and_reports(tmp_path):
     assert bench_run.returncode == bench.EXIT_INTERRUPTED, err
     assert "m=16" in out and "m=32" not in out
     assert "bench interrupted" in err and "Traceback" not in err
+
+
+# ---- --out refused before measuring ------------------------------------------------------------
+
+def test_an_out_that_is_a_file_is_refused_before_measuring(tmp_path):
+    (tmp_path / "results.csv").write_text("kept\n")
+    refused = run_cli("bench", *TINY, "--out", str(tmp_path / "results.csv"))
+    line = one_line_error(refused)
+    assert "--out" in line and "results.csv is not a folder" in line and refused.stdout == ""
+    assert (tmp_path / "results.csv").read_text() == "kept\n"
+
+
+def test_an_out_in_a_read_only_place_is_refused_before_measuring(tmp_path):
+    with read_only_disk(tmp_path / "ro") as place:
+        for out in (place, place / "results"):
+            refused = run_cli("bench", *TINY, "--out", str(out))
+            line = one_line_error(refused)
+            assert f"--out folder {out} (Read-only file system)" in line and refused.stdout == ""

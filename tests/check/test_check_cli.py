@@ -71,6 +71,39 @@ def test_a_missing_script_a_folder_and_an_impossible_plan_are_one_line_errors(tm
         run_cli("check", "--device", "mps", "--num_processes", "2", CUDA_FIRST))
 
 
+def test_bytecode_and_a_zip_archive_are_named_for_what_they_are(tmp_path):
+    """python runs both; the check reads source, and says so rather than "Python cannot read it"."""
+    import py_compile
+    import zipfile
+
+    script = write_script(tmp_path, "train.py", "import torch\nx = torch.zeros(1).cuda()\n")
+    py_compile.compile(str(script), cfile=str(tmp_path / "train.pyc"))
+    (tmp_path / "renamed").write_bytes((tmp_path / "train.pyc").read_bytes())
+    for name in ("train.pyc", "renamed"):
+        line = one_error_line(run_cli("check", name, cwd=tmp_path))
+        assert line == (f"mpslaunch: error: {name} is compiled Python (bytecode): python runs it, "
+                        "but the check reads source; check the .py file it was compiled from")
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.write(script, "__main__.py")
+    line = one_error_line(run_cli("check", "app.zip", cwd=tmp_path))
+    assert "app.zip is a zip archive: python runs the __main__.py in it" in line
+
+
+def test_a_folder_with_a_main_is_checked_as_python_runs_it(tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    write_script(app, "__main__.py", "import torch\nfrom models import build\n")
+    write_script(app, "models.py", "import torch\ndef build():\n    return torch.zeros(1).cuda()\n")
+    result = run_cli("check", "--device", "cpu", "app", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith("app/models.py:3: .cuda() puts work on cuda"), result.stdout
+    assert result.stdout.strip().endswith("1 finding for cpu, 1 process, with Python "
+                                          f"{sys.version_info[0]}.{sys.version_info[1]} on Linux")
+    launched = run_cli("launch", "--cpu", "--dry_run", "app", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stderr.startswith("mpslaunch: warning: app/models.py:3: .cuda() puts work on cuda")
+
+
 def test_a_syntax_error_is_one_line_with_its_line_number(tmp_path):
     script = write_script(tmp_path, "train.py", "import torch\n\ndef main(:\n    pass\n")
     line = one_error_line(run_cli("check", "train.py", cwd=tmp_path))

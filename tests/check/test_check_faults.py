@@ -313,7 +313,7 @@ def test_kept_findings_round_trip_and_refuse_any_other_shape(tmp_path):
     script = write_script(tmp_path, "train.py", "import helpers\nimport torch\n" + "torch.ones(1).cuda()\n" * 8)
     target, folder = Target("cpu", 1, "Linux"), tmp_path / "cache"
     sources = read_sources(script, whole=False)
-    saved = cache.save(script, target, sources, check_sources(sources, target), folder)
+    saved = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target), folder)
     assert (len(saved.findings), saved.count) == (5, 9)
     assert cache.read(script, target, folder) == saved
     assert cache.read(script, Target("mps", 1, "Darwin"), folder) is None  # another plan

@@ -15,6 +15,7 @@ import pytest
 from conftest import run_cli, write_script
 from mpslaunch.machine import torch_check
 from mpslaunch.machine import probe
+from mpslaunch.plan.known_faults import warnings_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux")
 
@@ -96,7 +97,10 @@ def test_a_virtual_machine_plans_cpu_and_runs_mps_with_one_warning(tmp_path, iso
     *warnings, summary, end = ran.stderr.strip().splitlines()
     assert end.startswith("mpslaunch: ended after ")
     assert warnings[0].startswith("mpslaunch: warning: mps in a macOS virtual machine is known to fail")
-    assert len(warnings) == 2 and "on an M1 or M2 GPU" in warnings[1]  # a known fault of its chip
+    # Then the known faults of its chip with this torch (an M1 or M2 with torch 2.7 to 2.13).
+    known = warnings_for(probe().torch_version, "Apple M2 Max", (26, 3), "no", "mps",
+                         probe().accelerate_version)
+    assert [line.removeprefix("mpslaunch: warning: ") for line in warnings[1:]] == list(known)
     assert summary.startswith("mpslaunch: mps: Apple M2 Max, macOS 26.3")
 
 
@@ -182,3 +186,71 @@ def test_the_dry_run_and_the_launch_name_the_known_faults_of_this_torch_and_acce
         line[len("warning: "):] for line in warnings[:3]]
     assert lines[3].startswith("mpslaunch: mps: Apple M2 Max") and lines[-1].startswith(
         "mpslaunch: ended after ")
+
+
+# Files a user's folder may hold that shadow the standard library or torch itself; each records
+# that it was imported, then fails as a broken module would.
+SHADOWING = {name: f"open({name!r} + '.imported', 'w').close()\nraise ImportError('{name} of the user')\n"
+             for name in ("random.py", "json.py", "torch.py")}
+
+
+def a_folder_with_shadowing_modules(folder):
+    for name, body in SHADOWING.items():
+        write_script(folder, name, body)
+    return write_script(folder, "train.py", "print('ran')\n")
+
+
+def test_the_mps_check_never_imports_from_the_users_folder(tmp_path, isolated_cache_dir):
+    """The launcher runs as the `mpslaunch` command does (-P: its own folder is not on its path);
+    the check's child runs in a folder of its own, so torch's verdict is torch's."""
+    script = a_folder_with_shadowing_modules(tmp_path)
+    sysctls = {"kern.osproductversion": "26.3", "kern.osversion": BUILD,
+               "machdep.cpu.brand_string": "Apple M2 Max", "kern.hv_vmm_present": "0"}
+    first = subprocess.run([sys.executable, "-P", "-c", ON_A_MAC, json.dumps(sysctls), "launch",
+                            "--dry-run", script.name], capture_output=True, text=True,
+                           timeout=180, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "cannot use mps on this Mac: this torch build has no mps (checked " in first.stdout
+    assert sorted(path.name for path in tmp_path.glob("*.imported")) == []
+    (entry,) = json.loads(cache_file(isolated_cache_dir).read_text()).values()
+    assert entry["detail"] == "this torch build has no mps"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="-P (the command's own path) needs Python 3.11")
+def test_env_never_runs_a_torch_py_in_the_users_folder(tmp_path):
+    a_folder_with_shadowing_modules(tmp_path)
+    report = run_cli("env", "--json", cwd=tmp_path, python_options=("-P",))
+    assert report.returncode == 0, report.stderr
+    facts = json.loads(report.stdout)
+    assert sorted(path.name for path in tmp_path.glob("*.imported")) == []
+    assert facts["torch"].startswith(probe().torch_version) and facts["mps"] == "not built"
+
+
+def a_broken_torch(folder):
+    """An installed torch whose import fails: its version file reads, its __init__ raises."""
+    package = folder / "torch"
+    package.mkdir(parents=True)
+    (package / "version.py").write_text(f"__version__ = '{probe().torch_version}'\n")
+    (package / "__init__.py").write_text("raise ImportError('a half-installed torch')\n")
+    return folder
+
+
+def test_a_check_that_cannot_import_torch_is_said_and_never_kept(tmp_path, isolated_cache_dir):
+    script = write_script(tmp_path, "train.py", "print('ran')\n")
+    site = a_broken_torch(tmp_path / "site")
+    broken = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    sysctls = {"kern.osproductversion": "26.3", "kern.osversion": BUILD,
+               "machdep.cpu.brand_string": "Apple M2 Max", "kern.hv_vmm_present": "0"}
+    first = subprocess.run([sys.executable, "-c", ON_A_MAC, json.dumps(sysctls), "launch",
+                            "--dry-run", str(script)], capture_output=True, text=True,
+                           timeout=180, env=broken)
+    assert first.returncode == 0, first.stderr
+    assert "torch cannot be imported (ImportError: a half-installed torch)" in first.stdout
+    assert "nothing was kept, the next launch asks again" in first.stdout
+    assert not cache_file(isolated_cache_dir).exists()
+
+    again = on_a_mac("launch", "--dry-run", str(script))  # torch as installed: asked, and kept
+    assert "checking once that torch can use mps" in again.stderr
+    assert "cannot use mps on this Mac: this torch build has no mps (checked " in again.stdout
+    (entry,) = json.loads(cache_file(isolated_cache_dir).read_text()).values()
+    assert entry["detail"] == "this torch build has no mps"

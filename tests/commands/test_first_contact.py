@@ -131,3 +131,62 @@ def test_a_profile_for_a_mac_can_be_written_from_linux_under_its_own_name(tmp_pa
                                   config_dir=tmp_path / "config"))
     assert "--device mps asks for mps" in line and "--config_file" in line, line
     assert not (tmp_path / "config" / "default.yaml").exists()
+
+
+def test_a_mistyped_profile_name_suggests_the_profile_that_exists(tmp_path):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "asked.yaml").write_text("device: cpu\n")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    line = one_line_error(run_cli("launch", "--profile", "asekd", "train.py", cwd=tmp_path,
+                                  config_dir=config))
+    assert f"no profile at {config / 'asekd.yaml'}; did you mean --profile asked?" in line, line
+    assert "(or make this one with `mpslaunch config --profile asekd`)" in line
+    line = one_line_error(run_cli("launch", "--profile", "gpu8", "train.py", cwd=tmp_path,
+                                  config_dir=config))
+    assert line.endswith("make one with `mpslaunch config --profile gpu8`"), line
+    line = one_line_error(run_cli("launch", "--config_file", "ask.yml", "train.py", cwd=tmp_path))
+    assert line.endswith("make one with `mpslaunch config --config_file ask.yml`"), line
+
+
+def test_a_hand_written_profile_with_two_misspelled_keys_names_both_in_one_line(tmp_path):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text("devise: cpu\nmixed_precison: bf16\nnum_processes: 1\n")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    line = one_line_error(run_cli("launch", "--config_file", str(profile), "train.py", cwd=tmp_path))
+    assert ("line 1: unknown key 'devise' (did you mean 'device'?); line 2: unknown key "
+            "'mixed_precison' (did you mean 'mixed_precision'?)") in line, line
+
+
+@pytest.mark.parametrize("written, said", [
+    ("main_process_port: 8:20", "main_process_port is written 8:20, which YAML reads as the "
+     "base-60 number 500; write the number itself"),
+    ("max_restarts: 99999999999999999999", "max_restarts must be at most 10,000"),
+])
+def test_a_number_yaml_reads_otherwise_or_far_too_large_is_refused_in_one_line(tmp_path, written,
+                                                                                said):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text(f"device: cpu\nnum_processes: 2\nrdzv_backend: c10d\n{written}\n")
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    for dry_run in ((), ("--dry_run",)):
+        result = run_cli("launch", *dry_run, "--config_file", str(profile), "train.py", cwd=tmp_path)
+        assert said in one_line_error(result) and result.stdout == ""
+
+
+def test_a_mac_profile_written_on_linux_has_the_mac_keys_and_checks_a_script_for_a_mac(tmp_path):
+    """`check` reads a script for the plan the profile names; it needs no machine of that kind."""
+    mac = tmp_path / "mac.yaml"
+    assert run_cli("config", "--default", "--device", "mps", "--config_file", str(mac)).returncode == 0
+    written = profile_files.load(mac)
+    assert {"mps_fallback:", "mps_memory_cap:", "keep_awake:"} <= set(
+        line.split(" ")[0] for line in mac.read_text().splitlines())
+    assert written.device == "mps" and written.mps_fallback and written.keep_awake
+    write_script(tmp_path, "train.py", "import torch\nx = torch.zeros(1).cuda()\n")
+    checked = run_cli("check", "--config_file", str(mac), "train.py", cwd=tmp_path)
+    assert checked.returncode == 1, checked.stderr
+    assert checked.stdout.startswith("train.py:2: .cuda() fails on a Mac, where torch has no CUDA")
+    assert checked.stdout.strip().splitlines()[-1] == "1 finding for mps, 1 process, on macOS"
+    two = tmp_path / "two.yaml"
+    two.write_text("device: mps\nnum_processes: 2\n")
+    line = one_line_error(run_cli("check", "--config_file", str(two), "train.py", cwd=tmp_path))
+    assert "asks for mps with 2 processes, but mps runs one process" in line, line

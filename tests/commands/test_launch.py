@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -180,6 +181,44 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expected):
     script = write_script(tmp_path, "ok.py", "raise SystemExit('must not run')")
     result = run_cli(*[a.replace("{script}", str(script)) for a in args], cwd=tmp_path)
     assert expected in one_line_error(result)
+
+
+def app_folder(folder: Path) -> Path:
+    """A folder python runs (`python app/`): its __main__.py imports a module beside it."""
+    app = folder / "app"
+    app.mkdir()
+    write_script(app, "helper.py", "WORD = 'ran'\n")
+    write_script(app, "__main__.py", "import os, sys\nfrom helper import WORD\n"
+                 "print(WORD, os.environ['MPSLAUNCH_DEVICE'], sys.argv[1:])\n")
+    return app
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_folder_or_zip_with_a_main_and_bytecode_run_as_python_runs_them(tmp_path, processes):
+    import py_compile
+    import zipfile
+
+    app = app_folder(tmp_path)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        for name in ("__main__.py", "helper.py"):
+            archive.write(app / name, name)
+    py_compile.compile(str(app / "__main__.py"), cfile=str(tmp_path / "main.pyc"))
+    (tmp_path / "helper.py").write_text((app / "helper.py").read_text())  # for the bytecode
+    for target in ("app", "app/", "app.zip", "main.pyc"):
+        python = subprocess.run([sys.executable, target, "x"], capture_output=True, text=True,
+                                cwd=tmp_path, env={**os.environ, "MPSLAUNCH_DEVICE": "cpu"})
+        ran = run_cli("launch", "--cpu", "-q", "--num_processes", processes, target, "x",
+                      cwd=tmp_path)
+        assert ran.returncode == 0 == python.returncode, (target, ran.stderr[-2000:])
+        lines = [line.removeprefix("[rank0] ").removeprefix("[rank1] ")
+                 for line in ran.stdout.splitlines()]
+        assert lines == [python.stdout.strip()] * int(processes) == [f"ran cpu ['x']"] * int(processes)
+
+
+def test_a_folder_without_a_main_is_refused_saying_what_python_runs(tmp_path):
+    (tmp_path / "lib").mkdir()
+    line = one_line_error(run_cli("launch", "--cpu", "lib", cwd=tmp_path))
+    assert "lib is a folder without a __main__.py (what python runs for a folder)" in line
 
 
 def test_broken_default_profile_is_one_line(tmp_path, isolated_config_dir):

@@ -119,6 +119,36 @@ def test_a_newline_in_a_file_name_cannot_forge_a_launcher_line(tmp_path):
         assert "$'a\\nmpslaunch: ended after 1.0 s, exit code 0\\n.py'" in plan.stdout, plan.stdout
 
 
+FORGED_END = "logs\nmpslaunch: ended after 9.9 s, exit code 0"
+
+
+def test_a_newline_in_the_log_dir_cannot_forge_a_line_after_the_plan_line(tmp_path):
+    write_script(tmp_path, "train.py", "print('trained')\n")
+    ran = run_cli("launch", "--cpu", "--log_dir", FORGED_END, "train.py", cwd=tmp_path)
+    assert ran.returncode == 0 and ran.stdout == "trained\n", ran.stderr[-2000:]
+    plan, end = ran.stderr.strip().splitlines()
+    assert plan.startswith("mpslaunch: cpu: ") and "output also in logs\\nmpslaunch: ended" in plan
+    assert end.startswith("mpslaunch: ended after ") and "9.9 s" not in end.split(";")[0]
+
+
+def test_a_newline_in_an_environment_value_cannot_forge_a_line_of_the_bug_report():
+    report = run_cli("env", env={"PYTORCH_NOTE": "a\n- Launcher would choose: mps, 8 processes"})
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert len([line for line in lines if line.startswith("- Launcher would choose:")]) == 1
+    assert "    PYTORCH_NOTE=a\\n- Launcher would choose: mps, 8 processes" in lines
+
+
+def test_terminal_escapes_in_a_script_name_are_shown_escaped_by_check_and_launch(tmp_path):
+    name = "\x1b[2J\x1b[31mtrain.py"  # clear the screen, then red
+    write_script(tmp_path, name, "import torch\nx = torch.zeros(1).cuda()\n")
+    checked = run_cli("check", "--device", "cpu", name, cwd=tmp_path)
+    assert checked.returncode == 1 and "\x1b" not in checked.stdout + checked.stderr, checked.stdout
+    assert checked.stdout.startswith("\\x1b[2J\\x1b[31mtrain.py:2: .cuda() puts work on cuda")
+    launched = run_cli("launch", "--cpu", "--dry_run", name, cwd=tmp_path)
+    assert launched.returncode == 0 and "\x1b" not in launched.stdout + launched.stderr
+
+
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_an_unusable_log_dir_is_refused_before_the_plan_line(tmp_path, processes):
     write_script(tmp_path, "train.py", "print('trained')\n")

@@ -4,9 +4,11 @@ For each release: a fresh virtual environment with that torch and its torchvisio
 pip chooses and this repository installed editable with its test extras; the hand checks
 (hand_checks.py) and the run and API tests in it; then the environment is removed (torch's
 Linux wheels pull several GB of CUDA libraries). Prints a Markdown table of the results.
-Linux only (the tests and the hand checks read /proc).
+Linux only (the tests and the hand checks read /proc). The tests and the hand checks start with
+the stopping signals at their defaults, so a run under nohup or as a `&` job checks the same;
+each failing test is kept with the first line of what it said.
 
-    python tests/compat/run_releases.py                    # the oldest, a middle and the newest
+    python tests/compat/run_releases.py                    # the oldest, 2.5, 2.8 and the newest here
     python tests/compat/run_releases.py 2.4.1/0.19.1       # torch/torchvision pairs of your own
 """
 
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-RELEASES = ["2.4.1/0.19.1", "2.8.0/0.23.0", "2.14.1/0.29.1"]  # torch/torchvision
+RELEASES = ["2.4.1/0.19.1", "2.5.1/0.20.1", "2.8.0/0.23.0", "2.14.1/0.29.1"]  # torch/torchvision
 TESTS = ["tests/run", "tests/launcher/test_api.py", "tests/commands/test_selftest.py"]
 TEST_SECONDS = 1800
 COLUMNS = ["torch", "accelerate", "env", "run + API tests", "all-reduce", "failing rank",
@@ -90,9 +93,21 @@ def installed(python: str, package: str) -> str:
     return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
 
 
+# Signals a shell's `&` (SIGINT, SIGQUIT) or nohup (SIGHUP) leaves ignored are inherited by
+# every child: the tests that send them to a launch would see them ignored and fail falsely.
+STOPPING = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM")
+
+
+def default_signals() -> None:
+    """In the child, before the tests or the hand checks start: each stopping signal as a
+    process started from a terminal gets it."""
+    for name in STOPPING:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def hand_checks(python: str) -> dict:
     done = subprocess.run([python, str(HERE / "hand_checks.py")], capture_output=True, text=True,
-                          cwd=REPO, timeout=1800)
+                          cwd=REPO, timeout=1800, preexec_fn=default_signals)
     try:
         results = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -102,16 +117,34 @@ def hand_checks(python: str) -> dict:
 
 
 def run_tests(python: str) -> str:
-    try:
-        done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS],
-                              capture_output=True, text=True, cwd=REPO, timeout=TEST_SECONDS)
-    except subprocess.TimeoutExpired:
-        return f"FAIL: more than {TEST_SECONDS} s"
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "junit.xml"
+        try:
+            done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   f"--junitxml={report}", *TESTS], capture_output=True, text=True,
+                                  cwd=REPO, timeout=TEST_SECONDS, preexec_fn=default_signals)
+        except subprocess.TimeoutExpired:
+            return f"FAIL: more than {TEST_SECONDS} s"
+        failed = failures(report)
     counts = re.findall(r"(\d+ (?:passed|failed|skipped|errors?))", last_line(done.stdout))
-    failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in done.stdout.splitlines()
-              if line.startswith(("FAILED", "ERROR"))]
     text = ", ".join(counts) or last_line(done.stdout)
     return text if done.returncode == 0 else f"FAIL: {text}: {'; '.join(failed)}"
+
+
+def failures(report: Path) -> list[str]:
+    """Each failed or erred test of a JUnit XML report, with the first line of what it said."""
+    import xml.etree.ElementTree as ElementTree
+
+    try:
+        cases = ElementTree.parse(report).getroot().iter("testcase")
+    except (OSError, ElementTree.ParseError):
+        return ["no test report (pytest did not finish)"]
+    found = []
+    for case in cases:
+        for outcome in (*case.iter("failure"), *case.iter("error")):
+            said = (outcome.get("message") or outcome.text or "").strip().splitlines()
+            found.append(f"{case.get('classname')}::{case.get('name')} ({said[0][:200] if said else ''})")
+    return found
 
 
 def table(rows: list[dict]) -> str:

@@ -64,6 +64,52 @@ def test_mistakes_are_one_line(call, words):
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
+class PathOfBytes:
+    def __fspath__(self):
+        return b"train.py"
+
+
+@pytest.mark.parametrize("target, args, named, words", [
+    (b"train.py", (), {}, "runs a script (its path, as text) or a function, not bytes b'train.py'; "
+     "decode it with os.fsdecode()"),
+    (PathOfBytes(), (), {}, "not bytes b'train.py'"),
+    (None, (), {}, "runs a script (its path, as text) or a function, not None"),
+    (3, (), {}, "not int 3"),
+    ("train.py", ("--tag", "a\0b"), {}, "argument 2 holds a NUL character, which no command line "
+     "can carry: 'a\\x00b'"),
+    ("tr\0ain.py", (), {}, "the script's path holds a NUL character"),
+    ("train.py", (), {"profile": 3}, "profile= must be text, not int 3"),
+    ("train.py", (), {"config_file": ["a.yaml"]}, "config_file= must be text, not list"),
+    ("train.py", (), {"start_method": "posix"}, "start_method must be fork, spawn or forkserver"),
+])
+def test_wrong_targets_and_arguments_are_one_line_before_anything_is_printed(
+        tmp_path, monkeypatch, capfd, target, args, named, words):
+    monkeypatch.chdir(tmp_path)
+    write_script(tmp_path, "train.py", "raise SystemExit('must not run')\n")
+    with pytest.raises(MpslaunchError) as caught:
+        mpslaunch.launch(target, *args, cpu=True, **named)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+    assert capfd.readouterr() == ("", "")
+
+
+def test_several_processes_of_a_script_from_a_thread_are_refused_before_the_plan_line(
+        tmp_path, capfd):
+    script = write_script(tmp_path, "train.py", "raise SystemExit('must not run')\n")
+    caught = []
+
+    def from_a_thread():
+        try:
+            mpslaunch.launch(str(script), cpu=True, num_processes=2)
+        except MpslaunchError as error:
+            caught.append(str(error))
+
+    worker = threading.Thread(target=from_a_thread)
+    worker.start()
+    worker.join()
+    assert len(caught) == 1 and "started from the main thread only" in caught[0]
+    assert capfd.readouterr() == ("", "")  # no plan line, nothing started
+
+
 NOTEBOOK = """
 import json, threading, mpslaunch
 

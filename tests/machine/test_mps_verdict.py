@@ -12,7 +12,8 @@ import pytest
 from conftest import MACHINES, MPS_WORKS
 from mpslaunch.machine import torch_check
 from mpslaunch.output import MpslaunchError
-from mpslaunch.machine.facts import _macos_version, mps_cache_key, parse_sysctl, verify_mps
+from mpslaunch.machine.facts import (_macos_version, mps_cache_key, parse_sysctl, verify_mps,
+                                     with_torch_facts)
 from mpslaunch.plan import resolve
 from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.settings import LaunchRequest
@@ -140,6 +141,27 @@ def test_a_check_that_gives_no_verdict_in_time_keeps_nothing(isolated_cache_dir)
     mac = described_mac()
     assert verify_mps(mac, timeout=0.01) == mac
     assert list(isolated_cache_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("facts", [
+    {"check_error": "the check process exited with code -9: "},
+    {"torch_error": "ImportError: cannot import name 'Random' from 'random' (/home/me/random.py)"},
+])
+def test_only_torchs_own_answer_is_kept(isolated_cache_dir, facts):
+    mac = described_mac()
+    said = with_torch_facts(mac, facts)
+    assert not said.mps_answer.usable and "the next launch asks again" in said.mps_answer.fix
+    assert list(isolated_cache_dir.iterdir()) == []
+    with_torch_facts(mac, {"torch": "2.14.1", "mps_built": False})
+    assert torch_check.read_cached(mps_cache_key(mac)).detail == "this torch build has no mps"
+
+
+def test_the_checks_child_gets_the_users_environment_less_what_is_not_about_torch():
+    given = {"PYTHONPATH": "/opt/site:lib", "PYTHONWARNINGS": "error", "PYTHONINSPECT": "1",
+             "PYTHONUSERBASE": "/u", "HOME": "/home/me"}
+    assert torch_check.check_environment(given) == {
+        "PYTHONPATH": "/opt/site:lib", "PYTHONUSERBASE": "/u", "HOME": "/home/me",
+        "PYTHONSAFEPATH": "1"}
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"KEY": {"usable": true}}', ""])

@@ -52,10 +52,23 @@ def test_macos_page_ins_at_normal_pressure_are_not_swapping():
     assert hard_swapping(mac(0), mac(5, available=0.2 * GB, swapped_in=5 * GB, level=1)) is None
 
 
-def test_linux_time_spent_waiting_for_memory_is_hard_swapping():
-    assert hard_swapping(linux(0), linux(5, stall_s=0.2)) is None  # 4 % of the time
-    why = hard_swapping(linux(0), linux(5, stall_s=1.5))
+def test_linux_time_spent_waiting_for_memory_is_hard_swapping_when_little_is_left():
+    assert hard_swapping(linux(0), linux(5, available=GB, stall_s=0.2)) is None  # 4 % of the time
+    why = hard_swapping(linux(0), linux(5, available=GB, stall_s=1.5))
     assert why == "processes waited for memory 30% of the time"
+
+
+@pytest.mark.parametrize("swap_total", [0, 2 * GB])
+def test_waits_for_memory_with_memory_to_spare_are_not_this_runs(swap_total):
+    """20 of 23.5 GB available while some process (another container at its limit) waits for
+    memory a fifth of the time: the machine is neither short of memory nor swapping."""
+    def plenty(at: float, stall_s: float) -> Reading:
+        return Reading(at, 20 * GB, int(23.5 * GB), 0, stall_us=int(stall_s * 1e6),
+                       swap_total=swap_total)
+
+    judge = PressureJudge("cpu")
+    assert [judge.observe(plenty(5 * i, i * 1.0)) for i in range(5)] == [None] * 5
+    assert hard_swapping(linux(0), linux(5, available=5 * GB, swapped_in=GB, stall_s=3)) is None
 
 
 def test_linux_fast_swap_in_counts_only_when_memory_is_short():
@@ -85,7 +98,7 @@ def test_one_line_with_what_to_change_then_silence_for_a_few_minutes():
 def test_mps_memory_cap_is_only_suggested_on_mps():
     judge = PressureJudge("cpu")
     judge.observe(linux(0))
-    line = judge.observe(linux(5, stall_s=2))
+    line = judge.observe(linux(5, available=GB, stall_s=2))
     assert line and "mps_memory_cap" not in line and "smaller batch size, or fewer DataLoader workers" in line
 
 
@@ -93,14 +106,14 @@ def test_without_swap_the_line_says_short_of_memory_not_swapping():
     """A machine with no swap at all whose processes wait for memory (page cache reclaimed) is
     not swapping: the line says what is true, with no swap figure."""
     def no_swap(at: float, stall_s: float) -> Reading:
-        return Reading(at, int(9.5 * GB), int(23.5 * GB), 0, stall_us=int(stall_s * 1e6),
+        return Reading(at, int(1.5 * GB), int(23.5 * GB), 0, stall_us=int(stall_s * 1e6),
                        swap_total=0)
 
     judge = PressureJudge("cpu")
     judge.observe(no_swap(0, 0))
     line = judge.observe(no_swap(5, 1.0))
     assert line == ("the machine is short of memory (processes waited for memory 20% of the "
-                    "time; 9.5 GB of 23.5 GB available), which slows training down many times; "
+                    "time; 1.5 GB of 23.5 GB available), which slows training down many times; "
                     "use a smaller batch size, or fewer DataLoader workers (num_workers)")
     with_swap = Reading(5, GB, TOTAL, 0, stall_us=10**6, swap_total=2 * GB)
     assert memory_watch.warning_line("x", with_swap, "cpu").startswith("the machine is swapping hard (x; ")
@@ -186,7 +199,7 @@ def test_a_real_reading_of_this_machine():
 
 # ---------------------------------------------------------------- a real run under a memory limit
 
-LIMIT = 32 * MB
+LIMIT = 96 * MB  # the launcher and its child live in it, with room for neither the data
 # Joins the memory cgroup given, writes a file far larger than the cgroup may keep in memory, and
 # reads it through mmap again and again until told to stop: every pass faults it back in, and
 # the kernel counts the time spent waiting for that memory.
@@ -258,16 +271,24 @@ def limited():
             time.sleep(0.1)
 
 
-def test_a_child_past_its_memory_limit_gets_one_warning(tmp_path, limited):
+def in_group(group: Path) -> list[str]:
+    """A command prefix that runs the command in the memory cgroup `group` (as a container's
+    processes run in theirs)."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
+
+
+def test_a_run_past_its_memory_limit_gets_one_warning(tmp_path, limited):
+    """The launcher and its child in a memory cgroup (a container's limit): what is left under
+    the limit is short, and the child waits for memory."""
     import psutil
 
     # The line says swapping only where the machine has swap (this one may have none).
     state = "is swapping hard" if psutil.swap_memory().total else "is short of memory"
     expected = f"mpslaunch: warning: the machine {state} ("
     script = write_script(tmp_path, "thrash.py", THRASH)
-    launcher = subprocess.Popen([sys.executable, "-m", "mpslaunch", "launch", "--cpu", str(script),
-                                 str(limited), str(tmp_path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([*in_group(limited), sys.executable, "-m", "mpslaunch", "launch",
+                                 "--cpu", str(script), str(limited), str(tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     warnings, deadline = [], time.monotonic() + 180
     try:
         while not warnings and time.monotonic() < deadline:
@@ -289,6 +310,55 @@ def test_a_child_past_its_memory_limit_gets_one_warning(tmp_path, limited):
 def test_quiet_runs_no_watch(tmp_path, limited):
     script = write_script(tmp_path, "thrash.py", THRASH)
     (tmp_path / "stop").write_text("")  # one pass, then stop
-    result = subprocess.run([sys.executable, "-m", "mpslaunch", "launch", "--cpu", "-q", str(script),
-                             str(limited), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    result = subprocess.run([*in_group(limited), sys.executable, "-m", "mpslaunch", "launch",
+                             "--cpu", "-q", str(script), str(limited), str(tmp_path)],
+                            capture_output=True, text=True, timeout=180)
     assert result.returncode == 0 and result.stderr == ""
+
+
+# Waits until the neighbour (THRASH, outside the run) has thrashed for a while, then says so.
+WAITS_FOR_THE_NEIGHBOUR = """
+import sys, time
+from pathlib import Path
+time.sleep(float(sys.argv[1]))
+print("calm")
+"""
+
+
+def test_a_neighbour_past_its_memory_limit_gives_this_run_no_warning(tmp_path, limited):
+    """Another group thrashes against its own limit (the machine's waits for memory rise) while
+    this run, with the machine's memory to spare, trains calmly: nothing is said."""
+    neighbour = subprocess.Popen([sys.executable, "-c", THRASH, str(limited), str(tmp_path)],
+                                 stdout=subprocess.PIPE, text=True)
+    try:
+        script = write_script(tmp_path, "calm.py", WAITS_FOR_THE_NEIGHBOUR)
+        ran = subprocess.run([sys.executable, "-m", "mpslaunch", "launch", "--cpu", str(script),
+                              "15"], capture_output=True, text=True, timeout=120)
+    finally:
+        (tmp_path / "stop").write_text("")
+        neighbour.communicate(timeout=120)
+    assert ran.returncode == 0 and ran.stdout == "calm\n", ran.stderr
+    assert "warning" not in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("layout, files, expected", [
+    ("v2", {"memory.max": "1073741824\n", "memory.current": "1000000000\n"}, (73741824, 2**30)),
+    ("v2", {"memory.max": "max\n", "memory.current": "1000000000\n"}, None),
+    ("v1", {"memory.limit_in_bytes": "100663296\n", "memory.usage_in_bytes": "100700000\n"},
+     (0, 100663296)),
+    ("v1", {"memory.limit_in_bytes": "9223372036854771712\n", "memory.usage_in_bytes": "5\n"}, None),
+    ("v2", {}, None),
+])
+def test_what_a_memory_limit_leaves_is_read_from_its_files(tmp_path, layout, files, expected):
+    """Described control groups: a limit, none ("max", v1's huge number), files missing."""
+    from mpslaunch.machine import limits
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert limits._limit_at(str(tmp_path), limits._LAYOUTS[layout]) == expected
+
+
+def test_a_run_under_a_memory_limit_reads_what_the_limit_leaves(monkeypatch):
+    monkeypatch.setattr(memory_watch.machine, "memory_limit_left", lambda: (5 * MB, 96 * MB))
+    reading = memory_watch.read_memory()
+    assert (reading.available, reading.total) == (5 * MB, 96 * MB)

@@ -9,15 +9,17 @@ Real runs through the CLI; a full disk is a real 1 MiB tmpfs (root only).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import file_line, small_disk as mounted_small_disk, write_script
+from conftest import file_line, read_only_disk, small_disk as mounted_small_disk, write_script
 from mpslaunch.run.torchrun.console import MAX_HELD
 from test_faults import marker, one_line_error, run_env  # noqa: F401 (fixture)
 
@@ -111,6 +113,86 @@ def test_a_long_line_without_a_newline_reaches_the_console_as_it_comes(tmp_path,
     assert all(len(piece) <= MAX_HELD + len(" end") for piece in shown)
     if then == "the-line-ends":
         assert "".join(shown) == "x" * LONG_LINE + " end"
+
+
+# Each rank writes MB megabytes to stdout in 1 MB writes, without a single newline (argv[1] = MB).
+WRITES_MEGABYTES = """
+import sys
+for _ in range(int(sys.argv[1])):
+    sys.stdout.write("x" * 1_000_000)
+sys.stdout.flush()
+"""
+
+
+def launcher_peak_mb(*args: str, marker: str) -> float:
+    """The launcher's own peak resident memory (VmHWM), read until it exits; its console is
+    /dev/null."""
+    from mpslaunch.machine import peak_resident_bytes
+
+    launcher = subprocess.Popen([*MPSLAUNCH, *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=run_env(marker))
+    peak = 0
+    while launcher.poll() is None:
+        peak = max(peak, peak_resident_bytes(launcher.pid) or 0)
+        time.sleep(0.02)
+    assert launcher.wait(timeout=120) == 0, launcher.stderr.read()[-2000:]
+    return peak / 2**20
+
+
+def test_two_ranks_writing_100_mb_without_a_newline_leave_the_launchers_memory_bounded(
+        tmp_path, marker):
+    """torch's tailer reads in pieces of MAX_HELD for the run, so what the ranks write without a
+    newline never sits in the launcher whole: its peak is that of a run writing 1 MB."""
+    script = write_script(tmp_path, "megabytes.py", WRITES_MEGABYTES)
+    small = launcher_peak_mb("launch", "-q", *TWO_CPU_RANKS, str(script), "1", marker=marker)
+    large = launcher_peak_mb("launch", "-q", *TWO_CPU_RANKS, str(script), "100", marker=marker)
+    assert large - small < 100, (small, large)  # whole reads: 2 x 100 MB and copies of them
+
+
+# ---------------------------------------------------------------- a helper holding the output
+
+# The script leaves a helper in a session of its own, with an environment of its own (so nothing
+# finds it), holding stdout and stderr until <argv[1]> exists; then it says it trained and ends.
+LEAVES_A_HELPER_ON_ITS_OUTPUT = """
+import subprocess, sys
+waits = "import os, sys, time\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+subprocess.Popen([sys.executable, "-c", waits, sys.argv[1]], start_new_session=True, env={})
+print("trained")
+"""
+
+
+def test_with_log_dir_the_copying_ends_with_the_script_though_a_helper_holds_its_output(tmp_path):
+    """In-process: once the script has ended, Tee.finish copies what it wrote and the copying
+    stops; it never waits for the helper to close the pipes."""
+    from mpslaunch.run.tee import Tee
+
+    script = write_script(tmp_path, "helper.py", LEAVES_A_HELPER_ON_ITS_OUTPUT)
+    tee = Tee(str(tmp_path / "logs"))
+    child = subprocess.Popen([sys.executable, str(script), str(tmp_path / "go")],
+                             env={**os.environ, **tee.environment}, **tee.popen_streams)
+    try:
+        tee.start(child)
+        assert child.wait(timeout=60) == 0
+        tee.finish()
+        assert not any(copy.is_alive() for copy in tee.copies)  # the helper still holds the pipes
+        assert (tee.folder / "stdout.log").read_text() == "trained\n"
+    finally:
+        (tmp_path / "go").write_text("go\n")
+
+
+def test_with_log_dir_the_launch_ends_with_the_script_though_a_helper_holds_its_output(
+        tmp_path, marker):
+    script = write_script(tmp_path, "helper.py", LEAVES_A_HELPER_ON_ITS_OUTPUT)
+    try:
+        ran = subprocess.run([*MPSLAUNCH, "launch", "--cpu", "--log_dir", str(tmp_path / "logs"),
+                              str(script), str(tmp_path / "go")], capture_output=True, text=True,
+                             timeout=60, env=run_env(marker))
+    finally:
+        (tmp_path / "go").write_text("go\n")  # the helper ends only after the launcher did
+    assert ran.returncode == 0 and ran.stdout == "trained\n", ran.stderr
+    (folder,) = (tmp_path / "logs").iterdir()
+    assert (folder / "stdout.log").read_text() == "trained\n"
+    assert ran.stderr.strip().splitlines()[-1].startswith("mpslaunch: ended after ")
 
 
 # ---------------------------------------------------------------- --log_dir on a full disk
@@ -230,3 +312,18 @@ def test_a_log_dir_that_cannot_be_a_folder_is_one_line(tmp_path, processes, wher
     line = one_line_error(result)
     assert where in line and "--log_dir" in line
     assert "ran" not in result.stdout
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_log_dir_on_a_read_only_disk_says_so(tmp_path, processes):
+    """A read-only tmpfs (root only): the system's own reason, not "Permission denied"."""
+    script = write_script(tmp_path, "train.py", "print('trained')\n")
+    with read_only_disk(tmp_path / "ro") as place:
+        for log_dir in (place, place / "logs"):
+            for dry_run in ((), ("--dry_run",)):
+                refused = subprocess.run(
+                    [*MPSLAUNCH, "launch", "--cpu", *dry_run, "--num_processes", processes,
+                     "--log_dir", str(log_dir), str(script)], capture_output=True, text=True,
+                    timeout=60)
+                line = one_line_error(refused)
+                assert f"cannot write the output to {log_dir}: Read-only file system" in line, line

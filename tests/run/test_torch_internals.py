@@ -8,8 +8,11 @@ does not apply to this torch is skipped, saying why, or taken with a described t
 from __future__ import annotations
 
 import datetime
+import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from contextlib import contextmanager
@@ -24,8 +27,9 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, sta
 from torch.distributed.launcher.api import LaunchConfig
 
 from conftest import file_line
-from mpslaunch.run.torch_internals import (graceful_stops, libuv_takes_a_listening_socket, missing,
-                                           release, serve_store, torch_signals)
+from mpslaunch.run.torch_internals import (bound_store, graceful_stops,
+                                           libuv_takes_a_listening_socket, missing, release,
+                                           serve_store, torch_signals)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -183,3 +187,60 @@ def test_with_signals_to_handle_torch_is_told_which_to_take():
     with torch_signals(config, "SIGTERM,SIGINT"):
         assert api.signal is signal  # no swap: torch does it itself
     assert config.signals_to_handle == "SIGTERM,SIGINT"
+
+
+# Serves a store for argv[1] as argv[2] says ("plain": torch's store without libuv, "launcher":
+# as the launcher serves it), connects a client from that same address, and says "served".
+NAMELESS_PEER = """
+import datetime, sys
+from torch.distributed import TCPStore
+address, how = sys.argv[1], sys.argv[2]
+if how == "plain":
+    store = TCPStore(address, 0, None, True, datetime.timedelta(seconds=10), use_libuv=False)
+    port = store.port
+else:
+    from mpslaunch.run.torchrun.store import store_on
+    served = store_on(address, 0)
+    port, store = served.__enter__()
+client = TCPStore(address, port, None, False, datetime.timedelta(seconds=10))
+client.set("key", "value")
+print("served", client.get("key").decode())
+"""
+
+
+@pytest.fixture
+def host_without_names():
+    """A network namespace whose address 10.201.7.1 has no name (its /etc/hosts names only
+    localhost) and whose DNS cannot be reached, as on a cluster node without reverse DNS."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("a network namespace needs root and iproute2's `ip netns`")
+    name = f"mpsl-names-{os.getpid()}"
+    folder = Path(f"/etc/netns/{name}")
+    try:
+        for args in (["netns", "add", name], ["-n", name, "link", "set", "lo", "up"],
+                     ["-n", name, "addr", "add", "10.201.7.1/32", "dev", "lo"]):
+            subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text("127.0.0.1 localhost\n")
+        yield name
+    except subprocess.CalledProcessError as error:
+        pytest.skip(f"network namespaces are not available here: {error.stderr}")
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", ["plain", "launcher"])
+def test_a_connection_from_an_address_without_a_name_aborts_torch_2_5s_store_only(
+        host_without_names, how):
+    """The fact behind bound_store, on the installed torch: torch 2.5's store without libuv
+    aborts (SIGABRT, "failed to format addr") at such a connection; the store as the launcher
+    serves it never does, on any release."""
+    done = subprocess.run(["ip", "netns", "exec", host_without_names, sys.executable, "-c",
+                           NAMELESS_PEER, "10.201.7.1", how], capture_output=True, text=True,
+                          timeout=120)
+    aborts = how == "plain" and not bound_store(TORCH, "10.201.7.1")
+    if aborts:
+        assert done.returncode == -signal.SIGABRT and "failed to format addr" in done.stderr
+    else:
+        assert done.returncode == 0 and done.stdout == "served value\n", done.stderr[-2000:]

@@ -74,6 +74,44 @@ def test_malformed_profiles_name_the_problem(tmp_path, text, expected):
     assert str(tmp_path / "p.yaml") in message
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("main_process_port: 8:20\n", "main_process_port is written 8:20, which YAML reads as the "
+     "base-60 number 500; write the number itself"),
+    ("max_restarts: 1:00:00\n", "max_restarts is written 1:00:00, which YAML reads as the "
+     "base-60 number 3600"),
+    ("mps_memory_cap: 1:30.5\n", "mps_memory_cap is written 1:30.5, which YAML reads as the "
+     "base-60 number 90.5"),
+    ("main_process_port: 029500\n", "main_process_port must be int, not str '029500'"),  # YAML: text
+    ("num_processes: 010\n", "num_processes is written 010, which YAML reads as the octal number "
+     "8 (a leading 0); write it without the 0"),
+    ("max_restarts: 100000000000000000000\n", "max_restarts must be at most 10,000 (each one "
+     "starts every rank again), not 100000000000000000000"),
+    ("num_machines: 1_000_000\n", "num_machines must be at most 65,536"),
+    ("num_processes: 70000\n", "num_processes must be at most 65,536"),
+    ("mps_memory_cap: .inf\n", "mps_memory_cap must be from 0.0"),
+    ("mps_memory_cap: .nan\n", "mps_memory_cap must be from 0.0"),
+    ("rdzv_timeout: .inf\n", "rdzv_timeout must be int, not float inf"),
+    ("device: cpu\ndevise: cpu\nmixed_precison: no\n", "line 2: unknown key 'devise' (did you "
+     "mean 'device'?); line 3: unknown key 'mixed_precison' (did you mean 'mixed_precision'?); "
+     "known keys: version, "),
+])
+def test_numbers_a_person_would_not_mean_and_every_unknown_key_are_refused(tmp_path, text, expected):
+    assert expected in load_error(tmp_path, text)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("main_process_port: 0x7530\n", 30000), ("main_process_port: 29_500\n", 29500),
+    ("main_process_port: 0\n", 0), ("max_restarts: 10000\n", 10000),
+    ("mps_memory_cap: 1.5\n", 1.5), ("main_process_port: '8:20'\n", None),
+])
+def test_numbers_written_as_meant_are_read(tmp_path, text, value):
+    key = text.split(":")[0]
+    if value is None:  # quoted: text, which the type check refuses as it is
+        assert f"{key} must be int, not str '8:20'" in load_error(tmp_path, text)
+    else:
+        assert getattr(load_text(tmp_path, text), key) == value
+
+
 def test_object_tags_are_never_constructed(tmp_path):
     marker = tmp_path / "pwned"
     load_error(tmp_path, f"device: !!python/object/apply:os.system ['touch {marker}']\n")

@@ -35,12 +35,13 @@ def check_sources(sources: Sources, target: Target) -> Report:
     """The findings for `target` in sources already read."""
     from mpslaunch.check.reading import TOO_DEEP, Unchecked
     from mpslaunch.check.rules import Rules
-    from mpslaunch.check.scan import prepare, scan
+    from mpslaunch.check.scan import prepare
+    from mpslaunch.check.walk import walk_project
 
     try:
-        project = prepare(sources.files)
+        project = prepare(sources.files, sources.writers)
         rules = Rules(target, project)
-        scan(project, rules)
+        walk_project(project, rules)
     except (RecursionError, MemoryError):  # an expression nested thousands deep (generated code)
         raise Unchecked(sources.files[0].shown, TOO_DEEP) from None
     findings = rules.findings

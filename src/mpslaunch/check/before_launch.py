@@ -11,6 +11,7 @@ from mpslaunch import output, user_folder
 from mpslaunch.check import cache, check_sources
 from mpslaunch.check.target import Target
 from mpslaunch.output import MpslaunchError
+from mpslaunch.settings import folder_main
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
@@ -27,9 +28,11 @@ class Interrupted(MpslaunchError):
 def warn(request: LaunchRequest, plan: LaunchPlan) -> None:
     """What `launch` runs first, for a .py script: the main findings as warnings on stderr. A
     script with a problem Python reports itself (a syntax error) is left to Python."""
-    if request.module or request.no_python or not request.target.endswith(".py"):
+    if request.module or request.no_python:
         return
-    script = request.target
+    script = folder_main(request.target) or request.target  # `python app/` runs its __main__.py
+    if os.path.splitext(script)[1] != ".py":
+        return
     target = Target(plan.device, plan.world_size, os.uname().sysname)  # the plan is this machine's
     try:
         kept = _findings(script, target, user_folder("cache"))
@@ -51,7 +54,8 @@ def _findings(script: str, target: Target, folder: str) -> cache.Kept:
         from mpslaunch.check.reading import read_sources
 
         sources = read_sources(Path(script), whole=False)
-        kept = cache.save(script, target, sources, check_sources(sources, target), folder)
+        kept = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target),
+                          folder, sources.listed)
     return kept
 
 

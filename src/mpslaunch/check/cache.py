@@ -2,10 +2,11 @@
 
 A script is launched again and again unchanged; the second launch then reads its findings
 instead of parsing it. Each script and plan keeps a small entry of its own, so a launch reads
-only its own and concurrent launches never rewrite each other's. An entry holds the digest of
-every file read (the content decides, not the size and the time), the module files that were
-looked for and missing (one added later means a fresh check), and the first findings, the
-ones launch shows, with their count. A damaged entry means a fresh check that rewrites it; an
+only its own and concurrent launches never rewrite each other's. An entry is keyed on the
+rules (their declarations and code: registry.digest), holds the digest of every file read (the
+content decides, not the size and the time), the module files that were looked for and missing
+(one added later means a fresh check), and the first findings, the ones launch shows, with
+their count. A damaged entry means a fresh check that rewrites it; an
 entry that cannot be written costs only a check next time and leaves nothing behind.
 """
 
@@ -16,6 +17,8 @@ import os
 import time
 
 from mpslaunch import __version__, record
+from mpslaunch.check import registry
+from mpslaunch.check.fingerprint import digest, listing
 from mpslaunch.check.report import Finding, Report
 from mpslaunch.check.target import Target
 from mpslaunch.settings import current_folder, open_regular
@@ -23,8 +26,6 @@ from mpslaunch.settings import current_folder, open_regular
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from mpslaunch.check.reading import Sources
 
 ENTRIES = "script-checks"  # the folder of entries, in the cache folder
 SHOWN = 5  # the findings launch shows; the others are only counted
@@ -40,7 +41,8 @@ class Kept:
 
 def key(script: str | Path, target: Target) -> str:
     """Findings name files relative to the working folder, so it is part of the key."""
-    return f"{__version__} | {current_folder()} | {os.path.realpath(script)} | {target}"
+    return (f"{__version__} | {registry.digest()} | {current_folder()} | {os.path.realpath(script)} "
+            f"| {target}")
 
 
 def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
@@ -49,7 +51,7 @@ def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
     try:
         with open(open_regular(os.path.join(folder, ENTRIES, _name(wanted))), "rb") as file:
             entry = json.loads(file.read())
-        if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"]):
+        if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"], entry["listed"]):
             return None
         findings = tuple(_finding(item) for item in entry["findings"])
         count = entry["count"]
@@ -60,13 +62,13 @@ def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
         return None  # no entry, or one of another shape: checked again, then rewritten
 
 
-def save(script: str | Path, target: Target, sources: Sources, report: Report,
-         folder: str | Path) -> Kept:
-    """Keep the findings of `report`, made from `sources`; returns what is kept."""
+def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent: tuple[str, ...],
+         report: Report, folder: str | Path, listed: tuple[str, str] | None = None) -> Kept:
+    """Keep the findings of `report`, made from the files `read` (path, digest) while the files
+    `absent` were not there (and the folder `listed` held the same scripts); returns what is kept."""
     kept = Kept(report.findings[:SHOWN], len(report.findings))
-    entry = {"key": key(script, target),
-             "read": [[os.path.realpath(source.path), source.digest] for source in sources.files],
-             "absent": list(sources.absent),
+    entry = {"key": key(script, target), "read": [list(pair) for pair in read], "absent": list(absent),
+             "listed": list(listed) if listed else None,
              "findings": [finding._asdict() for finding in kept.findings], "count": kept.count}
     from pathlib import Path  # only when a check ran: a launch that reads findings needs none
 
@@ -80,19 +82,11 @@ def save(script: str | Path, target: Target, sources: Sources, report: Report,
     return kept
 
 
-def digest(data: bytes) -> str:
-    try:  # hashlib's own BLAKE2, without hashlib loading OpenSSL (milliseconds at every launch)
-        from _blake2 import blake2b
-    except ImportError:
-        from hashlib import blake2b
-    return blake2b(data, digest_size=16).hexdigest()
-
-
 def _name(wanted: str) -> str:
     return digest(wanted.encode("utf-8", "surrogateescape")) + ".json"
 
 
-def _unchanged(read: list, absent: list) -> bool:
+def _unchanged(read: list, absent: list, listed: list | None) -> bool:
     for path, expected in read:
         try:
             with open(open_regular(path), "rb") as file:
@@ -100,6 +94,10 @@ def _unchanged(read: list, absent: list) -> bool:
                     return False
         except OSError:
             return False
+    if listed is not None:
+        folder, expected = listed
+        if type(folder) is not str or listing(folder) != expected:
+            return False  # a script beside it appeared or went: it may write a file the script loads
     # a folder ends with a separator; a module file that appeared changes what is read
     return not any((os.path.isdir if path.endswith(os.sep) else os.path.isfile)(path) for path in absent)
 

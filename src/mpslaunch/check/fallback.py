@@ -3,32 +3,33 @@
 `device = "cuda" if torch.cuda.is_available() else "cpu"` runs on a Mac without an error, on
 the CPU, while the plan says mps: one finding at the choice (mps plan). The same holds for a
 flag (`cuda = torch.cuda.is_available()`, then `if cuda: model.cuda()`), reported once at the
-flag. An option whose default is "cuda" (`--device`), or a module-level `device = "cuda"` that
-only a config file run by exec() may change, is reported at the default (mps and cpu plans).
+flag. An option whose default is "cuda" (`--device`) is reported at the default (mps and cpu
+plans), as is a module-level `device = "cuda"` that only a config file run by exec() may change
+(devices.py).
 """
 
 from __future__ import annotations
 
 import ast
 
-from mpslaunch.check.report import FALLBACK
+from mpslaunch.check.registry import Check, implements
 from mpslaunch.check.scan import Where
 from mpslaunch.check.values import CUDA_TENSOR, UNKNOWN, is_cuda_text
 
-DEFAULT = "cuda-default"
 _CUDA_QUERIES = ("torch.cuda.is_available", "torch.cuda.device_count")
 
 
-class Choices:
+@implements("cpu-fallback")
+class Choices(Check):
     """The fall-back sites seen in a walk, one finding per choice (or per flag)."""
 
-    def __init__(self, rules):
-        self.rules = rules
+    def __init__(self, rules, rule):
+        super().__init__(rules, rule)
         self.sites: dict[object, tuple[Where, ast.AST, str]] = {}  # key -> first site
         self.explicit_origins: set[object] = set()
         self.not_devices: set[int] = set()  # choices of a device type for autocast and the like
 
-    def arguments_of(self, call: ast.Call, qualified: str | None) -> None:
+    def call(self, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
         """Notes the `"cuda" if ... else "cpu"` given to a torch call that does not place work
         (autocast(device_type=...), GradScaler, init_process_group): not a device choice."""
         placing = qualified in (None, "torch.device", "torch.set_default_device") or \
@@ -40,7 +41,7 @@ class Choices:
             self.not_devices.update(id(arg) for arg in call.args if isinstance(arg, ast.IfExp))
 
     def branch(self, node: ast.If | ast.IfExp | ast.While, where: Where) -> None:
-        if self.rules.target.device != "mps" or where.device_unknown or isinstance(node, ast.While):
+        if where.device_unknown or isinstance(node, ast.While):
             return
         origin = self.origin(node.test, where)
         if origin is None:
@@ -81,20 +82,15 @@ class Choices:
                 return ("flag", id(bound)), bound, f"{child.id} = {_shown(bound)}"
         return None
 
-    def findings(self) -> None:
+    def finish(self) -> None:
         """Adds one finding per choice; a flag that also makes an explicit choice is reported
         there only."""
         rebound = _rebound_module_names(self.sites.values())
         for key, (where, node, shown) in sorted(self.sites.items(), key=lambda item: item[1][1].lineno):
             if key[0] == "flag" and key in self.explicit_origins or id(node) in rebound:
                 continue
-            fix = ("use accelerator.device" if self.rules.project.uses_accelerate else
-                   'write torch.device(os.environ.get("MPSLAUNCH_DEVICE", "cpu")), or give the '
-                   'choice an elif torch.backends.mps.is_available() branch')
-            self.rules.add(where, node, FALLBACK,
-                           f"`{shown}` leaves the work on the CPU on a Mac: the script trains on the "
-                           "CPU, many times slower, and the plan's mps is not used", fix, breaks=False,
-                           fact="Scripts written for CUDA")
+            self.rules.add(where, node, "cpu-fallback", "choice",
+                           "accelerate" if self.rules.uses_accelerate else "plain", shown=shown)
         self.sites.clear()
 
 
@@ -122,7 +118,8 @@ def _module_target(body: list[ast.stmt], node: ast.AST) -> str | None:
     return None
 
 
-def option_default(rules, call: ast.Call, where: Where) -> None:
+@implements("cuda-default")
+def option_default(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
     """`parser.add_argument("--device", default="cuda")`."""
     default = next((k.value for k in call.keywords if k.arg == "default"), None)
     names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
@@ -130,37 +127,7 @@ def option_default(rules, call: ast.Call, where: Where) -> None:
             or not any("device" in name.lower() for name in names):
         return
     option = next((name for name in names if name.startswith("--")), names[0])
-    rules.add(where, call, DEFAULT, f'{option} defaults to "{default.value}": {_fails(rules)}',
-              f"pass {option} {rules.target.device}", fact="Scripts written for CUDA")
-
-
-def module_default(rules, name: ast.Name, where: Where) -> bool:
-    """A module-level `device = "cuda"` in a file that exec() or globals() may rebind, used as a
-    device here: reported once at its line. Whether name is such a default."""
-    if where.facts.constants_trusted or name.id not in where.facts.literal_names:
-        return False
-    scope = where.scope
-    while scope is not None and name.id not in scope.bindings:
-        scope = scope.parent
-    if scope is None or scope.function is not None:
-        return False  # a local name
-    for statement in where.facts.source.tree.body:
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
-                and getattr(statement.targets[0], "id", None) == name.id \
-                and isinstance(statement.value, ast.Constant) and is_cuda_text(statement.value.value):
-            rules.add(where, statement, DEFAULT,
-                      f'{name.id} = "{statement.value.value}" is the default, which only a config '
-                      f"file run by exec() may change: unless it does, {_fails(rules)}",
-                      f'set {name.id} to "{rules.target.device}" in the config, or write {name.id} = '
-                      f'os.environ.get("MPSLAUNCH_DEVICE", "cpu")', fact="Scripts written for CUDA")
-            return True
-    return False
-
-
-def _fails(rules) -> str:
-    if rules.target.device == "mps":
-        return 'it fails on a Mac, where torch has no CUDA ("Torch not compiled with CUDA enabled")'
-    return "it puts work on cuda, but the plan is cpu"
+    rules.add(where, call, "cuda-default", "option", option=option, value=default.value)
 
 
 def _device_side(node: ast.AST, kind: str) -> str | None:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ast
 
+from mpslaunch.check.registry import implements
 from mpslaunch.check.scan import FUNCTION_NODES, Where
 from mpslaunch.check.values import UNKNOWN
 from mpslaunch.check.walk import has_main_guard
 
-WORKERS = "DataLoader workers"  # the docs/mps-facts.md section
-BOOTSTRAP_ERROR = ("An attempt has been made to start a new process before the current "
-                   "process has finished its bootstrapping phase")
+DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 # DataLoader's positional parameters, in order.
 LOADER_PARAMETERS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
                      "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
@@ -26,38 +25,49 @@ TRANSFORM_HOLDERS = {"Compose", "Lambda", "RandomApply", "RandomChoice", "Random
                      "partial", "Sequential"}
 
 
-def dataloader(rules, call: ast.Call, where: Where) -> None:
-    arguments = Arguments(call, where)
-    if rules.target.device == "mps" and not where.device_unknown and \
-            where.value(arguments.get("pin_memory")) is True:
-        rules.add(where, call, "pin-memory-mps",
-                  "pin_memory=True does nothing on mps: torch warns \"'pin_memory' argument is "
-                  "set as true but not supported on MPS now\" and pins nothing",
-                  'write pin_memory=(device.type == "cuda")', breaks=False, fact=WORKERS)
-    workers = _workers(arguments.get("num_workers"), where)
-    method = _start_method(arguments.get("multiprocessing_context"), rules, where)
-    if workers is None or method == "fork":
+@implements("pin-memory-mps")
+def pin_memory(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
+    if qualified in DATALOADER and not where.device_unknown \
+            and where.value(Arguments(call, where).get("pin_memory")) is True:
+        rules.add(where, call, "pin-memory-mps", "pin")
+
+
+@implements("workers-main-guard")
+def main_guard(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
+    source = where.facts.source
+    if qualified in DATALOADER and source.is_script and where.at_import and not has_main_guard(source.tree):
+        started = _started(rules, Arguments(call, where), where)
+        if started:
+            rules.add(where, call, "workers-main-guard", "guard", started=started)
+
+
+@implements("workers-pickle")
+def pickled(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
+    if qualified not in DATALOADER:
         return
-    started = f"workers ({workers}) start by {method} {rules.target.where}"
-    if where.facts.source.is_script and where.at_import and not has_main_guard(where.facts.source.tree):
-        rules.add(where, call, "workers-main-guard",
-                  f"DataLoader in a script without a main guard: its {started}, each "
-                  f'runs this script again, and the run stops ("{BOOTSTRAP_ERROR}")',
-                  'put the training in a function called under if __name__ == "__main__":', fact=WORKERS)
+    arguments = Arguments(call, where)
+    found = [("callable", {"part": part, "what": unpicklable(arguments.get(part), where)})
+             for part in ("collate_fn", "worker_init_fn")]
+    found.append(("dataset", {"what": dataset_unpicklable(arguments.get("dataset"), where)}))
+    found = [(kind, fields) for kind, fields in found if fields["what"]]
+    started = _started(rules, arguments, where) if found else None  # how many workers: only if it matters
+    if not started:
+        return
     # a spawned worker finds a function by its module: a notebook's own functions have none
     home = ("in a .py module beside the notebook, and import it" if where.facts.source.cells is not None
             else "with def at module level")
-    for part in ("collate_fn", "worker_init_fn"):
-        what = unpicklable(arguments.get(part), where)
-        if what:
-            rules.add(where, call, "workers-pickle",
-                      f"{part} is {what}: DataLoader {started}, which pickles it, and the run "
-                      f"stops (\"Can't pickle ...\")", f"define {part} {home}", fact=WORKERS)
-    what = dataset_unpicklable(arguments.get("dataset"), where)
-    if what:
-        rules.add(where, call, "workers-pickle",
-                  f"the dataset keeps {what}: DataLoader {started}, which pickles the dataset, "
-                  "and the run stops (\"Can't pickle ...\")", f"define the transform {home}", fact=WORKERS)
+    for kind, fields in found:
+        rules.add(where, call, "workers-pickle", kind, started=started, home=home, **fields)
+
+
+def _started(rules, arguments: "Arguments", where: Where) -> str | None:
+    """How the loader's workers start ("workers (num_workers=4) start by spawn on macOS"), or
+    None when it starts none or starts them by fork (which pickles nothing, runs nothing again)."""
+    workers = _workers(arguments.get("num_workers"), where)
+    method = _start_method(arguments.get("multiprocessing_context"), rules, where)
+    if workers is None or method == "fork":
+        return None
+    return f"workers ({workers}) start by {method} {rules.target.where}"
 
 
 class Arguments:
@@ -139,13 +149,15 @@ def _updates(body: list[ast.stmt], name: str, where: Where) -> list[ast.Call]:
 
 def _workers(node: ast.expr | None, where: Where) -> str | None:
     """'num_workers=4' (or the expression: workers unless it is 0 at run time) when the
-    loader starts workers; None when it does not."""
+    loader starts workers; None when it does not: 0 written, or an option whose default is 0."""
     if node is None:
         return None
     known = where.literal(node)
     if known is not None:
         value = known[0]
         return f"num_workers={value}" if isinstance(value, int) and value > 0 else None
+    if type(where.value(node)) is int and where.value(node) == 0:  # an option at its default
+        return None
     return f"num_workers={ast.unparse(node)}"
 
 
@@ -197,7 +209,7 @@ def dataset_unpicklable(node: ast.expr | None, where: Where) -> str | None:
                 return found
     if isinstance(node.func, ast.Name):
         cls, _ = where.scope.lookup(node.func.id)
-        if isinstance(cls, ast.ClassDef):
+        if isinstance(cls, ast.ClassDef) and where.facts.may_hold_a_lambda(cls):
             return _stored_lambda(cls)
     return None
 

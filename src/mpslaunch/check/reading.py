@@ -15,14 +15,16 @@ import ast
 import bisect
 import io
 import os
+import re
 import tokenize
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from mpslaunch.check import cache
-from mpslaunch.check.selection import (has_main_guard_text, import_lines, selected_source,
-                                      wanted_lines)
+from mpslaunch.check.fingerprint import digest as digest_of
+from mpslaunch.check.fingerprint import listing
+from mpslaunch.check.selection import (Lines, file_name, folded, has_main_guard_text, import_lines,
+                                      lines_of, selected_source)
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import current_folder, open_regular, unreadable
 
@@ -35,6 +37,9 @@ MAX_FILE_BYTES = 2_000_000
 MAX_NOTEBOOK_BYTES = 50_000_000  # mostly the outputs (images) kept in it, which are not parsed
 MAX_FILES = 60  # the script and the local modules it imports, in import order
 TOO_DEEP = "it nests expressions too deeply for the check to read; check it by hand"
+MAX_BESIDE = 40  # the scripts beside the script looked at for one that writes a file it loads
+_LOAD_LINE = re.compile(r"load\(([^\n]*)")  # what follows load( on its line
+_QUOTED = re.compile(r"""["']([^"'\n]+)["']""")
 
 
 class ScriptError(MpslaunchError):
@@ -56,15 +61,25 @@ class SourceFile:
     text: str
     tree: ast.Module  # without the functions and classes that cannot matter, when read in part
     is_script: bool  # run as __main__; an imported module's main block does not run
-    wanted_lines: list[int]  # the lines a rule can be about (selection.py)
+    lines: Lines  # the lines a rule can be about, that may stop a block, ... (selection.py)
     left_out: tuple[str, ...] = ()  # names of the module-level definitions not parsed
     digest: str = ""  # of the bytes read
     cells: NotebookCode | None = None  # a notebook's: which cell each line of `text` is from
 
+    @property
+    def wanted_lines(self) -> list[int]:
+        return self.lines.wanted
+
+    @cached_property
+    def words(self) -> str:
+        """The text with identifiers as Python reads them (selection.folded): what the
+        searches of the text see."""
+        return folded(self.text)
+
     @cached_property
     def imports(self) -> tuple[ast.stmt, ...]:
         """Its import statements, wherever they are (found through the lines that spell them)."""
-        lines = import_lines(self.text)
+        lines = import_lines(self.words)
         return tuple(node for node in statements(self.tree.body, lines)
                      if isinstance(node, (ast.Import, ast.ImportFrom)))
 
@@ -74,6 +89,15 @@ class Sources:
     files: tuple[SourceFile, ...]
     skipped: tuple[str, ...]  # one line per local module, or notebook cell, that was not read
     absent: tuple[str, ...] = ()  # module files looked for and missing (a folder ends with /)
+    writers: tuple[SourceFile, ...] = ()  # scripts beside it that save a file it loads
+    beside: tuple[tuple[str, str], ...] = ()  # (path, digest) of the others looked at for that
+    listed: tuple[str, str] | None = None  # (folder, fingerprint.listing) when they were looked at
+
+    @property
+    def read(self) -> list[tuple[str, str]]:
+        """(real path, digest) of each file read."""
+        return [*((os.path.realpath(source.path), source.digest) for source in (*self.files, *self.writers)),
+                *self.beside]
 
 
 def read_sources(script: Path, whole: bool = True) -> Sources:
@@ -99,7 +123,39 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
-    return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
+    loaded = {name for source in files for rest in _LOAD_LINE.findall(source.words)
+              for name in _QUOTED.findall(rest) if file_name(name)}
+    if not loaded:
+        return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
+    writers, beside = _writers(folder, seen, loaded)
+    return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)), writers, beside,
+                   (str(folder), listing(str(folder))))
+
+
+def _writers(folder: Path, seen: set[str], loaded: set[str]) -> tuple[tuple[SourceFile, ...], tuple]:
+    """The scripts beside the script (not read as its modules) that torch.save one of the file
+    names it loads, parsed, and (path, digest) of the others looked at."""
+    try:
+        names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))[:MAX_BESIDE]
+    except OSError:
+        return (), ()
+    writers, beside = [], []
+    for name in names:
+        path = folder / name
+        if _real(path) in seen:
+            continue
+        try:
+            data = _read_bytes(path, MAX_FILE_BYTES)
+            if b"save(" in data and any(f"{quote}{file}{quote}".encode() in data
+                                        for file in loaded for quote in "\"'"):
+                text = _decode(path, data)
+                writers.append(SourceFile(path, _shown(path), text, parse(path, text), True,
+                                          lines_of(folded(text)), digest=digest_of(data)))
+            else:
+                beside.append((_real(path), digest_of(data)))
+        except ScriptError:
+            continue  # not one Python can run either
+    return tuple(writers), tuple(beside)
 
 
 def _real(path: Path) -> str:
@@ -109,23 +165,26 @@ def _real(path: Path) -> str:
 def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
     notebook = is_script and path.suffix == ".ipynb"
     data = _read_bytes(path, MAX_NOTEBOOK_BYTES if notebook else MAX_FILE_BYTES)
-    digest = cache.digest(data)  # what the kept findings are checked against
+    digest = digest_of(data)  # what the kept findings are checked against
     if notebook:
         from mpslaunch.check.notebook import notebook_code  # only for a notebook
 
         cells = notebook_code(_shown(path), data, ScriptError)
         return SourceFile(path, _shown(path), cells.text, parse(path, cells.text), is_script,
-                          wanted_lines(cells.text), digest=digest, cells=cells)
+                          lines_of(folded(cells.text)), digest=digest, cells=cells)
+    if is_script:
+        _refuse_what_is_not_source(path, data)
     text = _decode(path, data)
-    wanted = wanted_lines(text)
-    if not whole and (has_main_guard_text(text) or not is_script):
-        selected, left_out = selected_source(text, wanted)
+    words = folded(text)
+    lines = lines_of(words)
+    if not whole and (has_main_guard_text(words) or not is_script):
+        selected, left_out = selected_source(text, words, lines.wanted)
         try:
             tree = ast.parse(selected, filename=str(path))
-            return SourceFile(path, _shown(path), text, tree, is_script, wanted, tuple(left_out), digest)
+            return SourceFile(path, _shown(path), text, tree, is_script, lines, tuple(left_out), digest)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # a split inside a string: read it whole
-    return SourceFile(path, _shown(path), text, parse(path, text), is_script, wanted, digest=digest)
+    return SourceFile(path, _shown(path), text, parse(path, text), is_script, lines, digest=digest)
 
 
 def parse(path: Path, text: str) -> ast.Module:
@@ -154,6 +213,22 @@ def _read_bytes(path: Path, most: int) -> bytes:
             return file.read(most + 1)
     except OSError as error:
         raise ScriptError(unreadable(_shown(path), error)) from None
+
+
+def _refuse_what_is_not_source(path: Path, data: bytes) -> None:
+    """Files python runs that hold no source to read: bytecode, and a zip archive (python runs
+    the __main__.py in it)."""
+    import importlib.util
+
+    if path.suffix == ".pyc" or data.startswith(importlib.util.MAGIC_NUMBER):
+        raise ScriptError(f"{_shown(path)} is compiled Python (bytecode): python runs it, but the "
+                          "check reads source; check the .py file it was compiled from")
+    if b"PK\x05\x06" in data[-65_600:]:  # a zip's last record, within its comment's reach
+        import zipfile
+
+        if zipfile.is_zipfile(io.BytesIO(data)):
+            raise ScriptError(f"{_shown(path)} is a zip archive: python runs the __main__.py in "
+                              "it, but the check reads source files; check that __main__.py")
 
 
 def _decode(path: Path, data: bytes) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mpslaunch import record
 from mpslaunch.check.target import Target
+from mpslaunch.output import one_line
 
 FALLBACK = "cpu-fallback"  # the rule whose findings come first
 
@@ -51,7 +52,7 @@ def as_text(report: Report) -> str:
                      f"file{'s' if len(report.files) > 1 else ''}")
     if report.skipped:  # the summary must not read as if everything was looked at
         lines[-1] += f"; {len(report.skipped)} not checked (above)"
-    return "\n".join(lines)
+    return "\n".join(map(one_line, lines))  # a file name's escapes and newlines shown escaped
 
 
 def as_json(report: Report) -> str:

@@ -1,7 +1,7 @@
 """What the code says, before any rule looks at it: imports, scopes, and the place of each call.
 
-`prepare(files)` reads each file's imports; `scan(project, rules)` walks the files (walk.py)
-and hands each call that can run on the plan to the rules, with its place. `Where` tells the
+`prepare(files)` reads each file's imports; the walk (walk.py) then hands each call that can
+run on the plan to the rules, with its place. `Where` tells the
 rules what they need about that place: whether a device test whose answer is unknown stands
 around it, what a try around it catches, whether it runs when a spawned worker imports the
 script again, and the scope that names resolve in.
@@ -31,6 +31,9 @@ _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)
 # `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
 _DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
 _CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
+_DEVICE_COUNT = re.compile("device_count")
+_LAMBDA = re.compile("lambda")
+_BOUND = re.compile(r"[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)")  # a line that binds a name
 
 
 @dataclass
@@ -68,49 +71,67 @@ class FileFacts:
     def device_names(self) -> frozenset[str]:
         """Names some line binds to an expression that mentions the device: the only names
         whose binding can make a condition a device test (the others are not looked up)."""
-        return frozenset(_DEVICE_BINDING.findall(self.source.text))
+        return frozenset(_DEVICE_BINDING.findall(self.source.words))
+
+    @cached_property
+    def _lines(self) -> list[str]:
+        return self.source.words.split("\n")
+
+    @cached_property
+    def raising_lines(self) -> list[int]:
+        """The sorted lines where an expression may always raise on the plan (walk.raises)."""
+        lines = self.source.lines
+        texts = self._lines if lines.variables else []
+        return sorted({*line_numbers(self.source.words, _DEVICE_COUNT),
+                       *(line for line in lines.variables if "environ[" in texts[line - 1])})
+
+    def may_raise(self, node: ast.AST) -> bool:
+        return _spans(self.raising_lines, node)
+
+    @cached_property
+    def lambda_lines(self) -> list[int]:
+        return line_numbers(self.source.words, _LAMBDA)
+
+    def may_hold_a_lambda(self, node: ast.AST) -> bool:
+        return _spans(self.lambda_lines, node)
+
+    @cached_property
+    def environment_names(self) -> frozenset[str]:
+        """Names some line binds to an expression that reads os.environ (`ddp = int(os.environ
+        .get("RANK", -1)) != -1`): conditions on them are decided by the plan."""
+        texts = self._lines if self.source.lines.variables else []
+        return frozenset(match.group(1) for match in (_BOUND.match(texts[line - 1])
+                                                      for line in self.source.lines.variables) if match)
 
     @cached_property
     def cuda_names(self) -> frozenset[str]:
         """Names some line binds to an expression that mentions cuda (`loc = f"cuda:{rank}"`)."""
-        return frozenset(_CUDA_BINDING.findall(self.source.text))
+        return frozenset(_CUDA_BINDING.findall(self.source.words))
 
     @cached_property
     def option_calls(self) -> list[ast.Call]:
         """Its `parser.add_argument(...)` and `parser.set_defaults(...)` calls, in order."""
-        return [node for node in self._nodes_on(_OPTION) if isinstance(node, ast.Call)
+        return [node for node in self.nodes_on(_OPTION) if isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute) and node.func.attr in ("add_argument", "set_defaults")]
 
     @cached_property
     def attribute_assignments(self) -> list[ast.Assign]:
         """`args.cuda = ...`: one attribute of a plain name (not self) set."""
-        return [node for node in self._nodes_on(_ATTRIBUTE_SET) if isinstance(node, ast.Assign)
+        return [node for node in self.nodes_on(_ATTRIBUTE_SET) if isinstance(node, ast.Assign)
                 and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
                 and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id != "self"]
-
-    @cached_property
-    def saved_paths(self) -> list[ast.expr]:
-        """The path (or file) argument of each torch.save in the file."""
-        found = []
-        for node in self._nodes_on(re.compile(r"\bsave\(")):
-            if isinstance(node, ast.Call) and self.qualified(node.func) == "torch.save":
-                path = node.args[1] if len(node.args) > 1 else next(
-                    (k.value for k in node.keywords if k.arg == "f"), None)
-                if path is not None:
-                    found.append(path)
-        return found
 
     def binding(self, name: str) -> tuple[ast.expr | None, None]:
         """What `name = ...` binds, when the file has exactly one such line (for a name in a
         function the check has no scope for)."""
         pattern = re.compile(rf"(?m)^[ \t]*{re.escape(name)}[ \t]*=(?!=)")
-        values = [node.value for node in self._nodes_on(pattern) if isinstance(node, ast.Assign)
+        values = [node.value for node in self.nodes_on(pattern) if isinstance(node, ast.Assign)
                   and len(node.targets) == 1 and getattr(node.targets[0], "id", None) == name]
         return (values[0], None) if len(values) == 1 else (None, None)
 
-    def _nodes_on(self, pattern: re.Pattern) -> Iterable[ast.AST]:
+    def nodes_on(self, pattern: re.Pattern) -> Iterable[ast.AST]:
         """The nodes of the simple statements on the lines that match pattern."""
-        lines = line_numbers(self.source.text, pattern)
+        lines = line_numbers(self.source.words, pattern)
         for statement in statements(self.source.tree.body, lines):
             if not hasattr(statement, "body"):
                 yield from ast.walk(statement)
@@ -195,6 +216,7 @@ class Project:
     """The files read, with their facts."""
 
     facts: tuple[FileFacts, ...]
+    writers: tuple[FileFacts, ...] = ()  # scripts beside it that write a file it loads (not walked)
 
     @property
     def uses_accelerate(self) -> bool:
@@ -202,7 +224,7 @@ class Project:
 
     @cached_property
     def _words(self) -> Counter:
-        return Counter(word for facts in self.facts for word in _WORD.findall(facts.source.text))
+        return Counter(word for facts in self.facts for word in _WORD.findall(facts.source.words))
 
     def is_named(self, name: str) -> bool:
         """Whether `name` appears anywhere besides its own definition (a call, a reference, an
@@ -212,20 +234,18 @@ class Project:
     @cached_property
     def mentions_mps(self) -> bool:
         """Whether any file read chooses mps itself somewhere."""
-        return any(re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.text)
+        return any(re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.words)
                    for facts in self.facts)
 
 
-def prepare(files: Iterable[SourceFile]) -> Project:
-    return Project(tuple(_read_facts(source) for source in files))
+def _spans(lines: list[int], node: ast.AST) -> bool:
+    """Whether one of the sorted lines lies within node."""
+    index = bisect.bisect_left(lines, node.lineno)
+    return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)
 
 
-def scan(project: Project, rules) -> None:
-    """Hand each call in the project's files that can run on the plan to the rules."""
-    from mpslaunch.check.walk import walk_file
-
-    for facts in project.facts:
-        walk_file(facts, project, rules)
+def prepare(files: Iterable[SourceFile], writers: Iterable[SourceFile] = ()) -> Project:
+    return Project(tuple(_read_facts(source) for source in files), tuple(_read_facts(source) for source in writers))
 
 
 def _read_facts(source: SourceFile) -> FileFacts:
@@ -243,7 +263,7 @@ def _read_facts(source: SourceFile) -> FileFacts:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     if "torch" not in aliases and any(name.endswith(".*") for name in aliases.values()):
         aliases["torch"] = "torch"  # `from utils import *` of a module that imports torch
-    text = source.text
+    text = source.words
     method = _START_METHOD.search(text)
     return FileFacts(source, aliases, method.group(1) if method else None,
                      any(name.split(".")[0] == "accelerate" for name in aliases.values()),

@@ -1,12 +1,15 @@
 """What an expression is on the plan, as far as the source tells: the answers of
-`torch.cuda.is_available()` and its kin on that machine, literals, names bound once, the
-defaults of the script's argparse options, and what `and`, `not`, `==` and `x if c else y`
-make of them.
+`torch.cuda.is_available()` and its kin on that machine, the launcher's variables in
+os.environ (environment.py), literals, names bound once, the defaults of the script's argparse
+options, and what `and`, `not`, `==`, `int()` and `x if c else y` make of them. A value that
+differs between the plan's processes (RANK on several) is each of its possible values
+(`Among`): a comparison they all answer alike has that answer.
 
 A script is judged as it runs when nothing is passed: an option stands for its default. A
 condition is a device test when it reads the device or its availability (directly or through
-a name bound from one); a device test whose value cannot be told hides both its branches,
-and any other condition (a rank, the main process, a precision flag) hides nothing.
+a name bound from one); a device test whose value cannot be told hides both its branches. A
+condition on the launcher's variables is decided by the plan; any other condition (the main
+process, a precision flag) hides nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ import ast
 import re
 from functools import cached_property
 
+from mpslaunch.check.environment import Environment
+
 UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()
+ENVIRON = type("Environ", (), {"__repr__": lambda self: "os.environ"})()  # the mapping itself
+_ENVIRONMENT_READS = ("os.getenv", "os.environ.get")
+_CONVERSIONS = {"int": int, "str": str}
+_NONE = ast.Constant(None)  # the default of os.environ.get(name)
 _DEPTH = 12  # names bound to names: deeper than this is unknown (and cycles end)
 _PARTS = re.compile(r"[a-z]+")
 _DEVICE_PARTS = ("cuda", "device", "devices", "mps")  # a name whose value, unknown, reads the device
@@ -39,6 +48,7 @@ class Values:
 
     def __init__(self, target, project):
         self.target, self.project = target, project
+        self.environment = Environment(target.device, target.processes, project.facts)
         self._memo: dict[int, object] = {}
         self._busy: set[int] = set()
 
@@ -73,7 +83,11 @@ class Values:
     # ------------------------------------------------------------ values
 
     def value(self, node: ast.AST | None, scope) -> object:
-        """The value of node on the target, or UNKNOWN."""
+        """The value of node on the target, or UNKNOWN (also when the plan's processes differ)."""
+        return settled(self.possible(node, scope))
+
+    def possible(self, node: ast.AST | None, scope) -> object:
+        """The value of node on the target: UNKNOWN, one value, or the values of `Among`."""
         if node is None:
             return UNKNOWN
         key = id(node)
@@ -96,20 +110,30 @@ class Values:
         if kind is ast.Constant:
             return node.value
         if kind is ast.Name:
+            if self.qualified(node, scope) == "os.environ":
+                return ENVIRON
             bound, where = scope.lookup(node.id) if scope is not None else (None, None)
-            return self.value(bound, where) if isinstance(bound, ast.expr) else UNKNOWN
+            return self.possible(bound, where) if isinstance(bound, ast.expr) else UNKNOWN
         if kind is ast.Attribute:
             return self._attribute(node, scope)
         if kind is ast.UnaryOp and isinstance(node.op, ast.Not):
-            operand = self.value(node.operand, scope)
+            operand = truth(self.possible(node.operand, scope))
             return UNKNOWN if operand is UNKNOWN else not operand
+        if kind is ast.UnaryOp and isinstance(node.op, ast.USub):  # -1, a default meaning "none"
+            return _converted(lambda number: -number, self.possible(node.operand, scope))
         if kind is ast.BoolOp:
             return self._bool_op(node, scope)
         if kind is ast.Compare and len(node.ops) == 1:
-            return _compare(node.ops[0], self.value(node.left, scope), self.value(node.comparators[0], scope))
+            left, right = self.possible(node.left, scope), self.possible(node.comparators[0], scope)
+            if right is ENVIRON and isinstance(node.ops[0], (ast.In, ast.NotIn)):  # "RANK" in os.environ
+                seen = self.environment.seen(settled(left), read_at(node, scope))
+                return UNKNOWN if seen is None else seen.present == isinstance(node.ops[0], ast.In)
+            return _compare(node.ops[0], left, right)
+        if kind is ast.Subscript and self.possible(node.value, scope) is ENVIRON:
+            return self._read(node.slice, None, scope)
         if kind is ast.IfExp:
-            test = self.value(node.test, scope)
-            return UNKNOWN if test is UNKNOWN else self.value(node.body if test else node.orelse, scope)
+            test = truth(self.possible(node.test, scope))
+            return UNKNOWN if test is UNKNOWN else self.possible(node.body if test else node.orelse, scope)
         if kind is ast.Call:
             return self._call(node, scope)
         if kind is ast.JoinedStr and node.values and isinstance(node.values[0], ast.Constant):
@@ -118,15 +142,16 @@ class Values:
 
     def _attribute(self, node: ast.Attribute, scope) -> object:
         if node.attr == "type":  # device.type
-            device = self.value(node.value, scope)
+            device = self.possible(node.value, scope)
             return device.split(":")[0] if isinstance(device, str) else UNKNOWN
         if not isinstance(node.value, ast.Name) or node.value.id == "self":
             return UNKNOWN
-        if self.qualified(node, scope) is not None:
-            return UNKNOWN  # a module's attribute: torch.float64 and the like
+        qualified = self.qualified(node, scope)
+        if qualified is not None:  # a module's attribute: torch.float64 and the like
+            return ENVIRON if qualified == "os.environ" else UNKNOWN
         assigned = self._attributes.get(node.attr, [])
         if len(assigned) == 1:
-            value = self.value(assigned[0], scope)
+            value = self.possible(assigned[0], scope)
             if value is not UNKNOWN or node.attr not in self._options:
                 return value
         elif assigned:
@@ -137,10 +162,10 @@ class Values:
         deciding = isinstance(node.op, ast.Or)  # the value that ends the chain
         result: object = not deciding
         for operand in node.values:
-            value = self.value(operand, scope)
-            if value is not UNKNOWN and bool(value) == deciding:
+            value = self.possible(operand, scope)
+            if truth(value) is not UNKNOWN and truth(value) == deciding:
                 return value
-            if value is UNKNOWN:
+            if truth(value) is UNKNOWN:
                 result = UNKNOWN
             elif result is not UNKNOWN:
                 result = value
@@ -150,14 +175,28 @@ class Values:
         name = self.qualified(node.func, scope)
         if name in _QUERIES:
             return _QUERIES[name](self.target)
-        if name == "torch.device" and node.args:
-            first = self.value(node.args[0], scope)
-            return first if isinstance(first, str) else UNKNOWN
         func = node.func
+        if node.args and (name in _ENVIRONMENT_READS or isinstance(func, ast.Attribute) and func.attr == "get"
+                          and self.possible(func.value, scope) is ENVIRON):
+            return self._read(node.args[0], node.args[1] if len(node.args) > 1 else _NONE, scope)
+        if name is None and isinstance(func, ast.Name) and func.id in _CONVERSIONS and len(node.args) == 1:
+            return _converted(_CONVERSIONS[func.id], self.possible(node.args[0], scope))
+        if name == "torch.device" and node.args:
+            first = self.possible(node.args[0], scope)
+            return first if isinstance(first, str) else UNKNOWN
         if isinstance(func, ast.Attribute) and func.attr == "format" and isinstance(func.value, ast.Constant) \
                 and isinstance(func.value.value, str):  # "cuda:{}".format(rank)
             return Prefix(func.value.value.split("{")[0])
         return UNKNOWN
+
+    def _read(self, key: ast.expr, default: ast.expr | None, scope) -> object:
+        """os.environ[key] (default None), os.environ.get(key, default), os.getenv(key, default)."""
+        seen = self.environment.seen(settled(self.possible(key, scope)), read_at(key, scope))
+        if seen is None or seen.present and seen.values is None:
+            return UNKNOWN
+        if not seen.present:  # without a default, a KeyError (walk.raises says so)
+            return UNKNOWN if default is None else self.possible(default, scope)
+        return seen.values[0] if len(seen.values) == 1 else Among(seen.values)
 
     def qualified(self, node: ast.AST, scope) -> str | None:
         facts = getattr(scope, "facts", None) or self.project.facts[0]
@@ -167,8 +206,9 @@ class Values:
 
     def test(self, node: ast.expr, scope) -> tuple[object, str | None]:
         """(value, what it reads) of a condition: "device" when it reads the device or its
-        availability, "gpu" when it reads a GPU option (`args.gpu is None`), else None (and
-        then the value, which decides nothing, is not worked out)."""
+        availability, "gpu" when it reads a GPU option (`args.gpu is None`, at its default),
+        "environment" when it reads os.environ (the launcher's variables are the plan's), else
+        None (and then the value, which decides nothing, is not worked out)."""
         reads = self.reads(node, scope)
         return (UNKNOWN if reads is None else self.value(node, scope)), reads
 
@@ -187,8 +227,10 @@ class Values:
                 return "device"
             if any(part in _GPU_PARTS for part in parts):
                 found = "gpu"
+            if word in ("environ", "getenv") and self.qualified(child, scope) in ("os.environ", "os.getenv"):
+                found = found or "environment"
             if isinstance(child, ast.Name) and depth < 3 and scope is not None \
-                    and child.id in scope.facts.device_names:
+                    and (child.id in scope.facts.device_names or child.id in scope.facts.environment_names):
                 bound, where = scope.lookup(child.id)
                 if isinstance(bound, ast.expr):
                     found = self.reads(bound, where, depth + 1) or found
@@ -197,12 +239,54 @@ class Values:
         return found
 
 
+def read_at(node: ast.AST, scope) -> tuple[str, int]:
+    """Where a variable is read: (file, line)."""
+    facts = getattr(scope, "facts", None)
+    return (str(facts.source.path) if facts else "", getattr(node, "lineno", 0))
+
+
 class Prefix(str):
     """An f-string known by its start: f"cuda:{rank}" is Prefix("cuda:")."""
 
 
+class Among(tuple):
+    """A value that differs between the plan's processes: each one it can be (RANK on several)."""
+
+
+def settled(value: object) -> object:
+    """One value for all the plan's processes, or UNKNOWN."""
+    if isinstance(value, Among):
+        return value[0] if len(set(value)) == 1 else UNKNOWN
+    return value
+
+
+def truth(value: object) -> object:
+    """True or False when the value is, on every process of the plan; else UNKNOWN."""
+    if value is UNKNOWN or value is ENVIRON:
+        return UNKNOWN
+    if isinstance(value, Among):
+        answers = {bool(one) for one in value}
+        return answers.pop() if len(answers) == 1 else UNKNOWN
+    return bool(value)
+
+
+def _converted(convert, value: object) -> object:
+    """int(value), str(value): for each value of Among; UNKNOWN where it would raise."""
+    if value is UNKNOWN or value is ENVIRON or isinstance(value, Prefix):
+        return UNKNOWN
+    try:
+        return Among(convert(one) for one in value) if isinstance(value, Among) else convert(value)
+    except (TypeError, ValueError):
+        return UNKNOWN
+
+
 def _compare(op: ast.cmpop, left: object, right: object) -> object:
-    if left is UNKNOWN or right is UNKNOWN or isinstance(left, Prefix) or isinstance(right, Prefix):
+    if isinstance(left, Among) or isinstance(right, Among):
+        answers = {_compare(op, one, other) for one in (left if isinstance(left, Among) else (left,))
+                   for other in (right if isinstance(right, Among) else (right,))}
+        return answers.pop() if len(answers) == 1 else UNKNOWN
+    if left is UNKNOWN or right is UNKNOWN or isinstance(left, Prefix) or isinstance(right, Prefix) \
+            or left is ENVIRON or right is ENVIRON:
         return UNKNOWN
     operations = {ast.Eq: lambda: left == right, ast.NotEq: lambda: left != right,
                   ast.Is: lambda: left is right, ast.IsNot: lambda: left is not right,

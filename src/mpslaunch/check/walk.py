@@ -1,10 +1,11 @@
 """The walk through a file: which calls can run on the plan, and where they sit.
 
 Only statements on lines that mention what a rule looks for (selection.py) are walked into.
-A branch that a device test rules out on the plan is not walked (`if torch.cuda.is_available():`
-on a Mac); nor is what follows, in its block, an `assert` of such a test, or an
-`if not torch.cuda.is_available(): raise ...`. Functions nothing names, and an imported
-module's main block, are left out.
+A branch that the plan rules out is not walked (`if torch.cuda.is_available():` on a Mac, `if
+ddp:` with `ddp` read from RANK on one process); nor is what follows, in its block, a statement
+that always stops there: an `assert` of such a test, an exit, a raise or a return, an
+if/elif/else whose every branch the plan may take stops (`else: sys.exit(1)`). Functions
+nothing names, and an imported module's main block, are left out.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from mpslaunch.check.scan import DEFINITION_NODES, FUNCTION_NODES, FileFacts, Project, Scope, Where
-from mpslaunch.check.values import UNKNOWN
+from mpslaunch.check.values import ENVIRON, UNKNOWN, read_at
 
 
-def walk_file(facts: FileFacts, project: Project, rules) -> None:
-    """Hand each call of the file that can run to rules.call, and each if and conditional
-    expression to rules.branch, with their place."""
-    _Walker(facts, project, rules).run()
+def walk_project(project: Project, rules) -> None:
+    """Hand each call of the project's files that can run to rules.call, and each if and
+    conditional expression to rules.branch, with their place."""
+    for facts in project.facts:
+        _Walker(facts, project, rules).run()
 
 
 # ---------------------------------------------------------------- the main guard
@@ -194,16 +196,9 @@ class _Walker:
                 return
 
     def ends_block(self, statement: ast.AST, where: Where) -> bool:
-        """Whether nothing after this statement in its block runs on the plan: an assert of a
-        device test that does not hold there, or `if <it holds>: raise ...`."""
-        if isinstance(statement, ast.Assert):
-            value, reads = self.values.test(statement.test, where.scope)
-            return reads == "device" and value is not True
-        if isinstance(statement, ast.If) and not statement.orelse and statement.body \
-                and _stops(statement.body[-1]):
-            value, reads = self.values.test(statement.test, where.scope)
-            return reads is not None and value is True
-        return False
+        """Whether nothing after this statement in its block runs on the plan: it always stops
+        there (walk.stops)."""
+        return stops(statement, where)
 
     def cls(self, node: ast.ClassDef, where: Where, top_level: bool) -> None:
         if self.is_dead(node):
@@ -240,13 +235,81 @@ class _Walker:
         return not node.decorator_list and not self.project.is_named(node.name)
 
 
-def _stops(statement: ast.stmt) -> bool:
-    """raise, sys.exit(...), exit(...), quit(...)."""
-    if isinstance(statement, ast.Raise):
+def stops(statement: ast.AST, where: Where) -> bool:
+    """Whether a statement always stops its block on the plan: raise, return, continue, break,
+    exit(); an assert of a device test that does not hold there (or of any test the plan
+    decides is false); an if/elif/else whose every branch the plan may take stops; a statement
+    that always raises there (raises: a division by torch.cuda.device_count() without CUDA,
+    os.environ["RANK"] where the plan removes RANK)."""
+    kind = type(statement)
+    if kind in _ASSIGNMENTS:  # the most common: looked at only on a line that may raise
+        return statement.value is not None and where.facts.may_raise(statement) and raises(statement.value, where)
+    if kind is ast.Expr:
+        return _exits(statement.value) or where.facts.may_raise(statement) and raises(statement.value, where)
+    if kind in _STOPPERS:
         return True
-    call = statement.value if isinstance(statement, ast.Expr) else None
-    name = getattr(getattr(call, "func", None), "attr", None) or getattr(getattr(call, "func", None), "id", None)
-    return isinstance(call, ast.Call) and name in ("exit", "quit", "_exit")
+    if kind is ast.If:
+        if where.facts.may_raise(statement.test) and raises(statement.test, where):
+            return True
+        value, reads = where.values.test(statement.test, where.scope)
+        taken = (statement.body, statement.orelse) if value is UNKNOWN or reads is None else \
+            (statement.body if value else statement.orelse,)
+        return all(any(stops(inner, where) for inner in part) for part in taken)
+    if kind is ast.Assert:
+        value, reads = where.values.test(statement.test, where.scope)
+        return reads == "device" and value is not True or reads is not None and value is False \
+            or where.facts.may_raise(statement) and raises(statement.test, where)
+    return False
+
+
+_ASSIGNMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign)
+_STOPPERS = (ast.Raise, ast.Return, ast.Continue, ast.Break)
+
+
+def raises(node: ast.AST, where: Where) -> bool:
+    """Whether evaluating node always raises on the plan: a division by a value that is 0
+    there (torch.cuda.device_count() without CUDA), os.environ[name] of a variable the plan
+    removes. Only what is always evaluated is looked at."""
+    values, scope = where.values, where.scope
+    for child in _always_evaluated(node):
+        if isinstance(child, ast.BinOp) and isinstance(child.op, (ast.Div, ast.FloorDiv, ast.Mod)):
+            right = values.possible(child.right, scope)
+            formats = isinstance(child.op, ast.Mod) and (isinstance(child.left, (ast.Constant, ast.JoinedStr))
+                                                         or isinstance(values.possible(child.left, scope), str))
+            if type(right) in (int, float) and right == 0 and not formats:
+                return True
+        elif isinstance(child, ast.Subscript) and isinstance(child.ctx, ast.Load) \
+                and values.possible(child.value, scope) is ENVIRON:
+            seen = values.environment.seen(values.value(child.slice, scope), read_at(child, scope))
+            if seen is not None and not seen.present:
+                return True
+    return False
+
+
+def _always_evaluated(node: ast.AST):
+    """node and the expressions in it that run whenever it does: not a lambda's or a
+    comprehension's body, not the second operand of `and`/`or`, not the branches of `x if c else y`."""
+    pending = [node]
+    while pending:
+        child = pending.pop()
+        yield child
+        if isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(child, ast.BoolOp):
+            pending.append(child.values[0])
+        elif isinstance(child, ast.IfExp):
+            pending.append(child.test)
+        elif isinstance(child, ast.Compare):
+            pending += [child.left, child.comparators[0]]
+        elif isinstance(child, (ast.expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.keyword)):
+            pending += [inner for inner in ast.iter_child_nodes(child) if isinstance(inner, (ast.expr, ast.keyword))]
+
+
+def _exits(node: ast.expr) -> bool:
+    """sys.exit(...), exit(...), quit(...), os._exit(...)."""
+    func = getattr(node, "func", None)
+    name = getattr(func, "attr", None) or getattr(func, "id", None)
+    return isinstance(node, ast.Call) and name in ("exit", "quit", "_exit")
 
 
 def _caught(handler: ast.ExceptHandler) -> str:

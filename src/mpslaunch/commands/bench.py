@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                "taken (default: %(default)g)")
     output = parser.add_argument_group("output (default: a table on stdout)")
     add_option(output, "--out", type=Path, metavar="DIR",
-               help="also write DIR/bench.csv and DIR/bench.png")
+               help="also write DIR/bench.csv and DIR/bench.png (made, and checked writable, before measuring)")
     add_option(output, "--json", action="store_true",
                help="print the results as JSON instead of the table")
 
@@ -93,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
         output.warning("this machine has no usable accelerator (mps or cuda), so there is nothing "
                        "to compare the cpu with; measuring the cpu alone (--cpu asks for that "
                        "without this warning)")
+    if args.out is not None:
+        writable_folder(args.out)
     results, interrupted = run_all(options)
     environment = describe_environment(options.devices, machine)
     if args.json:
@@ -241,6 +243,25 @@ def describe_environment(devices: tuple[str, ...], machine: Machine) -> dict[str
         # "highest" means cuda float32 matmuls do not use TF32: the fp32 numbers are true fp32.
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
+
+
+def writable_folder(out: Path) -> None:
+    """--out made and written to before the minutes of measuring, so that a file or a read-only
+    place is refused at once rather than after the results exist."""
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        raise MpslaunchError(f"--out {out} is not a folder; pass a folder for bench.csv and bench.png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".mpslaunch-bench-"):
+            pass
+    except OSError as error:
+        raise MpslaunchError(f"cannot write in the --out folder {out} ({error.strerror}); "
+                             "pass a writable folder") from None
+    for name in ("bench.csv", "bench.png"):
+        if (out / name).is_dir():
+            raise MpslaunchError(f"{out / name} is a folder; pass another --out folder")
 
 
 def write_files(results, environment, out: Path, report_to) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import DEVICES, add_option, add_table_options
+from mpslaunch.settings import DEVICES, add_option, add_table_options, folder_main
 
 if TYPE_CHECKING:  # the check itself (ast and the rules) is imported only when a check runs
     from mpslaunch.check import Target
@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "the plan's; with --device, one machine is described)")
     add_option(parser, "--json", action="store_true", help="print the findings as JSON")
     add_table_options(parser, "profile", "config_file")
-    parser.add_argument("script", help="the training script (a .py file)")
+    parser.add_argument("script", help="the training script (a .py file, or a folder with a "
+                                        "__main__.py)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -51,8 +52,8 @@ def main(args: argparse.Namespace) -> int:
     from mpslaunch.check import Interrupted, as_json, as_text, check_script
 
     target = target_from_args(args)
-    try:
-        report = check_script(Path(args.script), target)
+    try:  # a folder: the __main__.py python runs for it
+        report = check_script(Path(folder_main(args.script) or args.script), target)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted while checking {args.script}") from None
     print(as_json(report) if args.json else as_text(report))
@@ -60,16 +61,36 @@ def main(args: argparse.Namespace) -> int:
 
 
 def target_from_args(args: argparse.Namespace) -> Target:
-    from mpslaunch.check import Target, described_target
-
     if args.device not in (None, "auto"):
-        if args.device == "mps" and (args.num_processes or 1) > 1:
-            raise MpslaunchError("mps runs one process (a Mac has one GPU, and the distributed "
-                                 "backends take no mps tensors); check --device cpu for several")
-        return described_target(args.device, args.num_processes or 1, os.uname().sysname)
+        return _described(args.device, args.num_processes or 1, f"--device {args.device}")
     from mpslaunch import launcher
-    from mpslaunch.settings import LaunchRequest
+    from mpslaunch.check import Target
+    from mpslaunch.settings import LaunchRequest, profile_files
 
+    loaded = profile_files.read_active(args.config_file, args.profile)
+    elsewhere = _for_another_machine(loaded.profile)
+    if elsewhere:  # a profile for a Mac, read on Linux: the check needs no such machine
+        processes = (args.num_processes or loaded.profile.num_processes or 1) * loaded.profile.num_machines
+        return _described(elsewhere, processes, f"the profile {loaded.path} asks for mps")
     request = LaunchRequest(args.script, num_processes=args.num_processes)
-    plan = launcher.prepare(request, args.profile, args.config_file, target_is_file=False)
+    plan = launcher.prepare(request, target_is_file=False, loaded=loaded)
     return Target(plan.device, plan.world_size, os.uname().sysname)
+
+
+def _described(device: str, processes: int, asked: str) -> Target:
+    from mpslaunch.check import described_target
+
+    if device == "mps" and processes > 1:
+        raise MpslaunchError(f"{asked} with {processes} processes, but mps runs one process (a Mac "
+                             "has one GPU, and the distributed backends take no mps tensors); "
+                             "check --device cpu for several")
+    return described_target(device, processes, os.uname().sysname)
+
+
+def _for_another_machine(profile) -> str | None:
+    """The device a profile names (mps, cuda) when this machine has none of that kind."""
+    from mpslaunch.machine import probe
+    from mpslaunch.plan import cuda_problem, mps_problem
+
+    problem = {"mps": mps_problem, "cuda": cuda_problem}.get(profile.device)
+    return profile.device if problem and problem(probe()) else None

@@ -17,9 +17,9 @@ from typing import Any
 
 from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
-from mpslaunch.output import MpslaunchError
-from mpslaunch.machine import (CHECK_TIMEOUT_SECONDS, Machine, SlurmVariableError, run_torch_check,
-                               slurm_allocation, slurm_step)
+from mpslaunch.output import MpslaunchError, one_line
+from mpslaunch.machine import (CHECK_TIMEOUT_SECONDS, Machine, SlurmVariableError, is_torchs_own,
+                               run_torch_check, slurm_allocation, slurm_step)
 from mpslaunch.launcher import prepare
 from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
                                 unused_default_note)
@@ -86,9 +86,7 @@ def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file:
     facts["accelerate"] = installed_version("accelerate") or "not installed"
     facts["mps"] = mps_status(torch_facts, timeout)
     if machine.is_mac:
-        facts["mps_verdict"] = (machine.mps_answer.describe() if machine.mps_answer
-                                else "none: torch is not installed" if not machine.torch_version
-                                else "none: the check gave no answer in time; nothing was kept")
+        facts["mps_verdict"] = kept_verdict(machine, torch_facts)
     facts["cuda"] = cuda_status(torch_facts, machine)
     facts["nvidia_gpus_visible"] = list(machine.cuda_devices)
     facts["slurm"] = slurm_status(environ)
@@ -103,6 +101,17 @@ def installed_version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def kept_verdict(machine: Machine, torch_facts: dict[str, Any]) -> str:
+    """What `launch` keeps from this check on a Mac: torch's own answer, or nothing."""
+    if not machine.torch_version:
+        return "none: torch is not installed"
+    if machine.mps_answer is None:
+        return "none: the check gave no answer in time; nothing was kept"
+    if not is_torchs_own(torch_facts):
+        return f"none: the check could not ask torch ({machine.mps_answer.detail}); nothing was kept"
+    return machine.mps_answer.describe()
 
 
 def mps_status(facts: dict[str, Any], timeout: float) -> str:
@@ -206,7 +215,8 @@ def as_markdown(facts: dict[str, Any]) -> str:
     if facts.get("accelerate_default_config"):
         lines.append(f"- Accelerate default config: {facts['accelerate_default_config']}")
     lines.append("```")
-    return "\n".join(_no_fence(line) if 0 < i < len(lines) - 1 else line for i, line in enumerate(lines))
+    return "\n".join(_no_fence(one_line(line)) if 0 < i < len(lines) - 1 else line
+                     for i, line in enumerate(lines))
 
 
 def _text(value: Any) -> str:
@@ -218,5 +228,6 @@ def _text(value: Any) -> str:
 
 
 def _no_fence(line: str) -> str:
-    """A ``` inside a value (an error message, a variable) would end the block early."""
+    """A ``` inside a value (an error message, a variable) would end the block early, as a
+    newline in one would start a line of its own (one_line escapes it)."""
     return re.sub(r"`{3,}", lambda found: "'" * len(found.group(0)), line)

@@ -24,7 +24,7 @@ from mpslaunch import output
 from mpslaunch.launcher.prepare import announce, prepare
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import LaunchPlan
-from mpslaunch.run import execute
+from mpslaunch.run import execute, thread_problem
 from mpslaunch.settings import API, REQUEST_OPTIONS, LaunchRequest
 
 OPTIONS = tuple(option.name for option in REQUEST_OPTIONS)
@@ -35,6 +35,7 @@ def launch(target, *args, profile: str | None = None, config_file: str | None = 
            quiet: bool = False, start_method: str = "fork", **options):
     """Run a script (a path) or a function with the plan `mpslaunch launch` would make here."""
     _check_options(options)
+    _check_call(target, args, profile, config_file, start_method)
     with _ONE_AT_A_TIME:
         return _launch(target, args, profile, config_file, quiet, start_method, options)
 
@@ -46,6 +47,9 @@ def _launch(target, args: tuple, profile: str | None, config_file: str | None, q
     request = LaunchRequest(name, () if function else tuple(map(str, args)), **options)
     plan = prepare(request, profile, config_file, quiet, target_is_file=function is None,
                    asked_in=API)
+    problem = None if function else thread_problem(plan)
+    if problem:  # before the plan line: nothing is started
+        raise MpslaunchError(problem)
     announce(plan, quiet)
     if function is None:
         return execute(plan, report=not quiet)
@@ -65,6 +69,35 @@ def _check_options(options: dict) -> None:
                                  "launch's options under their Python names, profile= and config_file=")
 
 
+def _check_call(target, args: tuple, profile, config_file, start_method) -> None:
+    """What Python would refuse later with a bare TypeError or ValueError (or not at all), in
+    launch's words, before anything is planned or printed."""
+    if not callable(target):
+        path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
+        if not isinstance(path, str):
+            raise MpslaunchError("mpslaunch.launch() runs a script (its path, as text) or a "
+                                 f"function, not {_described(path)}"
+                                 + ("; decode it with os.fsdecode()" if isinstance(path, bytes) else ""))
+        for where, text in [("the script's path", path),
+                            *((f"argument {number}", str(arg)) for number, arg in enumerate(args, 1))]:
+            if "\0" in text:
+                raise MpslaunchError(f"{where} holds a NUL character, which no command line can "
+                                     f"carry: {text[:80]!r}")
+    for name, value in (("profile", profile), ("config_file", config_file)):
+        if value is not None and not isinstance(value, str if name == "profile" else (str, os.PathLike)):
+            raise MpslaunchError(f"{name}= must be text, not {_described(value)}")
+    if start_method not in ("fork", "spawn", "forkserver"):
+        raise MpslaunchError(f"start_method must be fork, spawn or forkserver, not {start_method!r}")
+
+
+def _described(value) -> str:
+    """A wrong value's type, and the value when it is short to show."""
+    if value is None:
+        return "None"
+    shown = f" {value!r}" if isinstance(value, (bytes, int, float)) else ""
+    return type(value).__name__ + shown[:81]
+
+
 def _call_here(plan: LaunchPlan, function, args: tuple):
     from mpslaunch.run import environment
 
@@ -76,8 +109,6 @@ def _call_here(plan: LaunchPlan, function, args: tuple):
 
 
 def _run_in_processes(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict:
-    if start_method not in ("fork", "spawn", "forkserver"):
-        raise MpslaunchError(f"start_method must be fork, spawn or forkserver, not {start_method!r}")
     if start_method != "fork":
         _check_spawnable(function, args)
     from mpslaunch.run import run_function

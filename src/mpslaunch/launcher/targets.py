@@ -1,5 +1,6 @@
-"""The target must exist before anything starts: a script, a module (-m), or an executable
-(--no_python), each refused in one line that says what to check and why.
+"""The target must exist before anything starts: a script (or what else python runs: a folder
+with a __main__.py, bytecode, a zip archive), a module (-m), or an executable (--no_python),
+each refused in one line that says what to check and why.
 
 A script must be a regular file, opened as the check opens it (settings/paths.py), so that a
 FIFO named like a script is refused at once instead of hanging the launch.
@@ -11,7 +12,8 @@ import os
 import sys
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import LaunchRequest, current_folder, open_regular, unreadable
+from mpslaunch.settings import (LaunchRequest, current_folder, folder_main, open_regular,
+                                unreadable)
 
 
 def check_target(request: LaunchRequest) -> None:
@@ -33,10 +35,12 @@ def _check_executable(name: str) -> None:
 
 
 def _check_script(target: str) -> None:
+    """A file python runs (source, bytecode, a zip archive), or a folder with a __main__.py."""
+    source = folder_main(target) or target
     try:
-        os.close(open_regular(target))
+        os.close(open_regular(source))
     except OSError as error:
-        raise MpslaunchError(unreadable(_shown(target), error, launching=True)) from None
+        raise MpslaunchError(unreadable(_shown(source), error, launching=True)) from None
     if target.endswith(".ipynb"):  # Python reads the notebook's JSON as an expression
         raise MpslaunchError(f"{_shown(target)} is a Jupyter notebook, which python cannot run; "
                              f"export its code with `jupyter nbconvert --to script {target}` and "

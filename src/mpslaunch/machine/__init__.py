@@ -1,8 +1,8 @@
 """What this computer is: its platform facts (facts.py), torch's own verdict on mps, asked in a
 child Python and kept per Python, torch and macOS build (torch_check.py), and its place on the
-network (network.py); on a Mac, what keeps it awake and its power source (power.py); the SLURM job
-and step it runs in, read from the environment (slurm.py). Probed with the standard library only:
-the launcher never imports torch.
+network (network.py), the memory its control group leaves a run (limits.py); on a Mac, what keeps it
+awake and its power source (power.py); the SLURM job and step it runs in, read from the
+environment (slurm.py). Probed with the standard library only: the launcher never imports torch.
 Tests describe other computers as `Machine` values. torch's verdict, the power source and the
 SLURM reader are imported on first use; a launch outside SLURM only asks `slurm_seen`.
 """
@@ -11,11 +11,12 @@ from mpslaunch import lazy_names
 from mpslaunch.machine.facts import (Machine, available_memory, cpu_brand, memory_pressure_level,
                                      memory_stall_microseconds, mps_cache_key, peak_resident_bytes,
                                      probe, verify_mps, version_tuple, with_torch_facts)
+from mpslaunch.machine.limits import memory_limit_left
 from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, loopback_interface,
                                        plain_address, with_addresses, with_own_name)
 
 __getattr__ = lazy_names(__name__, {
-    "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "run_torch_check"),
+    "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "is_torchs_own", "run_torch_check"),
     "power": ("CAFFEINATE",),
     "slurm": ("MAX_NODES", "SlurmAllocation", "SlurmConfig", "SlurmStep", "SlurmVariableError",
               "config_from_text", "expand_hostlist", "expand_tasks_per_node", "in_slurm_step",

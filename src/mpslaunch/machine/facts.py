@@ -99,14 +99,15 @@ def verify_mps(machine: Machine, timeout: float) -> Machine:
 
 
 def with_torch_facts(machine: Machine, facts: dict) -> Machine:
-    """The machine with the mps verdict in a torch check's facts; on a Mac it is also cached."""
+    """The machine with the mps verdict in a torch check's facts; on a Mac it is also cached when
+    it is torch's own (a check that could not ask torch is asked again next time)."""
     from mpslaunch.machine import torch_check
 
     answer = torch_check.mps_answer(facts)
     if answer is None:
         return machine
     key = mps_cache_key(machine)
-    if key:
+    if key and torch_check.is_torchs_own(facts):
         torch_check.save(key, answer)
     return machine._replace(mps_answer=answer)
 

@@ -4,7 +4,11 @@ The launcher never imports torch (seconds, hundreds of MB); a separate Python do
 available, and does a small matmul on mps come back right (docs/mps-facts.md: Detecting MPS).
 The verdict holds for one Python, one torch and one macOS build, so on a Mac it is cached per
 (executable, torch version, macOS build) in the user's cache folder; a damaged cache is ignored
-and rewritten. `mpslaunch env` always asks again.
+and rewritten. `mpslaunch env` always asks again. Only torch's own answer is kept: a check that
+could not import torch, or that failed by itself, says so for this launch and is asked again.
+
+The child runs isolated from the user's folder: a `random.py`, `json.py` or `torch.py` there
+would otherwise be imported by the check (and torch's verdict would be about that file).
 """
 
 from __future__ import annotations
@@ -68,19 +72,41 @@ print("MPSLAUNCH-TORCH-CHECK " + json.dumps(facts), flush=True)
 def run_torch_check(python: str, timeout: float, code: str = TORCH_CHECK) -> dict:
     """Run the torch check in a child Python; its facts, or {"check_error": why it gave none}."""
     import json
+    import tempfile
 
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        with tempfile.TemporaryDirectory(prefix="mpslaunch-check-") as empty:
+            done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=empty,
+                                  env=check_environment(os.environ), timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return {"timed_out": True}
     except OSError as error:
-        return {"check_error": f"cannot start {python}: {error.strerror}"}
+        return {"check_error": f"cannot start {python} in a folder of its own: {error.strerror}"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(_MARK):
             return json.loads(line[len(_MARK):])
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return {"check_error": f"the check process exited with code {done.returncode}: {last[:300]}"}
+
+
+def check_environment(environ) -> dict[str, str]:
+    """The user's environment for the check's child, less what would make it about something
+    other than torch. It runs in an empty folder of its own, so `python -c`'s first path entry
+    (the folder it runs in) and relative PYTHONPATH entries find nothing of the user's, and with
+    PYTHONSAFEPATH (Python 3.11 and later) that entry is not added at all; absolute PYTHONPATH
+    entries stay, as the script sees them. PYTHONWARNINGS goes (`error` would turn torch's own
+    warnings into a failed import), and PYTHONINSPECT (the check ends when its code does)."""
+    kept = {name: value for name, value in environ.items()
+            if name not in ("PYTHONWARNINGS", "PYTHONINSPECT")}
+    return {**kept, "PYTHONSAFEPATH": "1"}
+
+
+def is_torchs_own(facts: dict) -> bool:
+    """Facts that hold torch's own answer about mps: torch was imported and asked. A check that
+    could not import torch (a broken install, or an install under way) or that ended by itself
+    gives an answer for this launch only."""
+    return "torch" in facts and "check_error" not in facts
 
 
 # ---------------------------------------------------------------- the verdict
@@ -115,10 +141,12 @@ def mps_answer(facts: dict, checked_at: str | None = None) -> MpsAnswer | None:
 def _why_not(facts: dict) -> tuple[str | None, str]:
     if "check_error" in facts:
         return (f"the check failed: {facts['check_error']}",
-                "run `mpslaunch env` and report its output")
+                "nothing was kept, the next launch asks again; if it fails again, run "
+                "`mpslaunch env` and report its output")
     if "torch_error" in facts:
         return (f"torch cannot be imported ({facts['torch_error']})",
-                "reinstall torch for this Python (pip install --force-reinstall torch)")
+                "reinstall torch for this Python (pip install --force-reinstall torch); nothing "
+                "was kept, the next launch asks again")
     if not facts.get("mps_built"):
         return ("this torch build has no mps",
                 "install the macOS arm64 torch from PyPI (pip install --force-reinstall torch)")

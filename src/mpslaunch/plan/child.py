@@ -1,6 +1,6 @@
 """What the child gets: its command, the variables it gets on top of the user's environment (the
-README's table), what is kept from it (another launcher's variables), and the variables and
-notes for Accelerate's own launch options. Pure.
+README's table), what is kept from it (another launcher's variables: environment.py), and the
+variables and notes for Accelerate's own launch options. Pure.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
+from mpslaunch.plan.environment import is_other_launchers_variable
 from mpslaunch.settings import MPS_WATERMARK_MAX, LaunchOptions, LaunchRequest, Profile, Settings
 
 # torch's MPS watermark defaults on unified memory: high 1.7, low 1.4
@@ -60,23 +61,8 @@ def child_environment(settings: Profile, device: str, machine: Machine,
     return env
 
 
-# What torchrun (and the MPI launchers, whose world sizes Accelerate also reads) give the
-# processes they start. Left in a shell (a torchrun or SLURM job's), they tell a one-process
-# script it is one rank of a bigger world, and its init_process_group waits for the others
-# forever. A plan for one process is mpslaunch's: the child does not get them, and the summary
-# and --dry_run name them. (Several processes get torchrun's own values from torch's agent.)
-OTHER_LAUNCHERS_VARIABLES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK",
-)
-REMOVED_WHY = "another launcher's; this plan is one process"
-
-
 def other_launchers_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    return {key: value for key, value in environ.items()
-            if key in OTHER_LAUNCHERS_VARIABLES or key.startswith("TORCHELASTIC_")}
+    return {key: value for key, value in environ.items() if is_other_launchers_variable(key)}
 
 
 def replaced_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:

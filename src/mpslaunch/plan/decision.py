@@ -14,10 +14,11 @@ from types import MappingProxyType
 from mpslaunch import record
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
-from mpslaunch.plan.child import (REMOVED_WHY, accelerate_environment, accelerate_notes,
+from mpslaunch.plan.child import (accelerate_environment, accelerate_notes,
                                   check_multi_gpu, child_command, child_environment, no_effect,
                                   other_launchers_variables, replaced_values, with_gpu_ids)
 from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
+from mpslaunch.plan.environment import REMOVED_WHY
 from mpslaunch.plan.known_faults import warnings_for
 from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
                                       own_name_problem, several_machines_settings)
@@ -107,7 +108,7 @@ class LaunchPlan(Decision):
         if self.removed:
             line += f"; removed from the script's environment ({REMOVED_WHY}): " + ", ".join(
                 f"{key}={value}" for key, value in sorted(self.removed.items()))
-        return line
+        return one_line(line)  # a folder or a value with a newline must not start a line
 
     def describe(self) -> str:
         """What --dry_run prints: the plan, the command and the variables it adds."""
@@ -138,7 +139,7 @@ class LaunchPlan(Decision):
                          "stdout.log and stderr.log")
         lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
-        return "\n".join(lines)
+        return "\n".join(map(one_line, lines))
 
 
 def _processes_text(settings: Settings, one_per_gpu: bool) -> str:

@@ -24,6 +24,14 @@ __getattr__ = lazy_names(__name__, {
 })
 
 
+def thread_problem(plan: LaunchPlan) -> str | None:
+    """Why the plan's script cannot be run from this thread, or None."""
+    if plan.engine != "single" and threading.current_thread() is not threading.main_thread():
+        return ("several processes of a script are started from the main thread only (stopping "
+                "them needs its signal handlers); call from the main thread, or run one process here")
+    return None
+
+
 def describe(plan: LaunchPlan) -> str:
     """What --dry_run prints."""
     if plan.engine == "single":
@@ -46,10 +54,9 @@ def execute(plan: LaunchPlan, report: bool = False) -> int:
 
         return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
                          plan.removed, delivered=_delivered(plan))
-    if threading.current_thread() is not threading.main_thread():
-        raise MpslaunchError("several processes of a script are started from the main thread "
-                             "only (stopping them needs its signal handlers); call from the main "
-                             "thread, or run one process here")
+    problem = thread_problem(plan)
+    if problem:
+        raise MpslaunchError(problem)
     from mpslaunch.run.torchrun import elastic as torchrun
 
     return torchrun.run(plan, plan.grace_period, watch)

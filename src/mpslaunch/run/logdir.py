@@ -44,9 +44,18 @@ def log_dir_problem(log_dir: str) -> str | None:
             where = "is" if place == path else f"cannot be made: {place} is"
             return f"--log_dir {log_dir} {where} not a folder; give a folder (it is made if missing)"
         if not os.access(place, os.W_OK | os.X_OK):
-            return cannot_write(path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+            reason = errno.EROFS if _read_only(place) else errno.EACCES
+            return cannot_write(path, OSError(reason, os.strerror(reason)))
         return None
     return None
+
+
+def _read_only(place: Path) -> bool:
+    """The folder is on a file system mounted read-only (where even root cannot write)."""
+    try:
+        return bool(os.statvfs(place).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def cannot_write(path: Path, error: OSError) -> str:

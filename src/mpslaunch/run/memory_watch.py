@@ -6,8 +6,11 @@ On unified memory a batch that does not fit does not fail: the Mac swaps and tra
 down many times without a word. What counts as swapping hard (`hard_swapping`, pure):
 - macOS: the kernel's memory-pressure level is critical, or it is at warning while pages come
   back from disk fast (psutil's swap-in there counts every page-in, so it needs the level too);
-- Linux: processes waited for memory a tenth of the time since the last reading (pressure stall
-  information), or swap-in is fast while little memory is left.
+- Linux: while little memory is left (a tenth), processes waited for memory a tenth of the time
+  since the last reading (pressure stall information), or swap-in is fast. The waits are the
+  whole machine's: with memory to spare they are another group's (a container at its limit),
+  not this run's. What is left is the machine's, or less under the run's own memory limit (its
+  control group's: a container's `--memory`).
 At most one line per WARN_EVERY_SECONDS. The readings cost a few file reads (on macOS one
 `sysctl` call) per interval, in a daemon thread of their own: a reading that hangs delays
 neither the followers' ticks (the peak memory) nor the end of the run.
@@ -43,9 +46,12 @@ def read_memory() -> Reading:
     import psutil
 
     memory, swap = psutil.virtual_memory(), psutil.swap_memory()
-    return Reading(time.monotonic(), memory.available, memory.total, swap.sin,
-                   machine.memory_pressure_level(), machine.memory_stall_microseconds(),
-                   swap.total)
+    available, total = memory.available, memory.total
+    limit = machine.memory_limit_left()
+    if limit and limit[1] < total:  # the run's own limit is the tighter one
+        available, total = min(available, limit[0]), limit[1]
+    return Reading(time.monotonic(), available, total, swap.sin, machine.memory_pressure_level(),
+                   machine.memory_stall_microseconds(), swap.total)
 
 
 def hard_swapping(before: Reading, now: Reading) -> str | None:
@@ -60,11 +66,13 @@ def hard_swapping(before: Reading, now: Reading) -> str | None:
         if now.pressure_level >= MACOS_WARNING and swap_rate >= SWAP_IN_HARD:
             return f"macOS reports memory pressure, {_size(swap_rate)}/s paged in"
         return None
+    if now.available >= LOW_AVAILABLE * now.total:  # memory to spare: the waits are not this run's
+        return None
     if now.stall_us is not None and before.stall_us is not None:
         stalled = (now.stall_us - before.stall_us) / (seconds * 1e6)
         if stalled >= STALL_HARD:
             return f"processes waited for memory {stalled:.0%} of the time"
-    if swap_rate >= SWAP_IN_HARD and now.available < LOW_AVAILABLE * now.total:
+    if swap_rate >= SWAP_IN_HARD:
         return f"{_size(swap_rate)}/s swapped in"
     return None
 

@@ -6,12 +6,15 @@ arrive as they are printed, as the ranks' do through torchrun (`python -u`).
 The pipes are always drained, whatever happens to the files or the console: the child never
 blocks on its output. A file write that fails (a full disk) stops both files with one warning,
 and the output goes on to the console only; a console that went away is no longer written to.
+When the script has ended, what it wrote is copied and the copying stops: a helper it left in a
+session of its own may hold the pipes open for as long as it lives, and the run is not its.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import selectors
 import subprocess
 import sys
 import threading
@@ -23,7 +26,7 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.run.logdir import cannot_write, usable_log_dir
 
 _CHUNK = 65536
-_DRAIN_SECONDS = 5.0  # after the child's group is gone; a daemon that kept the pipe is not waited for
+_DRAIN_SECONDS = 5.0  # at most, for a console that takes the rest slowly
 
 
 def run_folder(log_dir: str) -> Path:
@@ -36,6 +39,8 @@ class Tee:
         self.copies: list[threading.Thread] = []
         self.files_off = threading.Event()  # set at the first failed write: console only from then
         self.warned = threading.Lock()
+        # Written once the script has ended: each copy then takes what is in its pipe and stops.
+        self.ended_read, self.ended_write = os.pipe()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.files = [open(self.folder / name, "wb") for name in ("stdout.log", "stderr.log")]
@@ -53,14 +58,40 @@ class Tee:
             self.copies.append(copy)
 
     def finish(self) -> None:
+        """After the script's end: copy what it wrote, and stop."""
+        os.write(self.ended_write, b"x")
         for copy in self.copies:
             copy.join(_DRAIN_SECONDS)
         for log in self.files:
             _close(log)
+        if not any(copy.is_alive() for copy in self.copies):
+            os.close(self.ended_read)
+            os.close(self.ended_write)
+
+    def _chunks(self, pipe):
+        """What the pipe brings, until its end, or until the script has ended and the pipe holds
+        nothing more (a helper may keep its write end open)."""
+        descriptor = pipe.fileno()
+        with selectors.DefaultSelector() as waiting:  # any descriptor number, unlike select()
+            waiting.register(descriptor, selectors.EVENT_READ)
+            waiting.register(self.ended_read, selectors.EVENT_READ)
+            timeout = None  # until the script ends: wait for its output
+            while True:
+                ready = {key.fd for key, _ in waiting.select(timeout)}
+                if descriptor not in ready:
+                    if timeout == 0:  # ended, and nothing more is in the pipe
+                        return
+                    waiting.unregister(self.ended_read)
+                    timeout = 0  # what is left was written before the end: nothing is waited for
+                    continue
+                chunk = os.read(descriptor, _CHUNK)
+                if not chunk:
+                    return
+                yield chunk
 
     def _copy(self, pipe, console, log) -> None:
         show = _writer(console)
-        while chunk := os.read(pipe.fileno(), _CHUNK):
+        for chunk in self._chunks(pipe):
             if not self.files_off.is_set():
                 try:
                     log.write(chunk)

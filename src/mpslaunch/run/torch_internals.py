@@ -1,6 +1,7 @@
 """What the several-process path takes from torch beyond its public API, in one place, so that
-what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.8.0 and
-2.14.1 (tests/compat); `missing()` names what the installed torch lacks.
+what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.5.1, 2.8.0
+and 2.14.1 (tests/compat), the store's reverse lookups also on 2.6.0; `missing()` names what the
+installed torch lacks.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
@@ -13,13 +14,28 @@ what a new torch release may break is seen at a glance. Checked against torch 2.
   thread, as newer torch does (`torch_signals`);
 - DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
 - PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
-  ended, as torch before 2.10 reports only the ranks that failed before the stop, and after a
-  stopping signal SLURM delivered to every rank it only waits, then kills what is left;
+  ended, as torch before 2.10 reports only the ranks that failed before the stop; after a
+  stopping signal SLURM delivered to every rank it only waits, then kills what is left; and it
+  closes the log files each rank's SubprocessHandler opened (`_stdout`, `_stderr`): torch closes
+  them only for a rank it signals, and leaves those of ranks that ended by themselves to the
+  garbage collector (a ResourceWarning each, an error under PYTHONWARNINGS=error);
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
-  before, where the store without libuv takes it;
-- ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run.
+  before, where the store without libuv takes it. On torch 2.5 the store without libuv names
+  each connecting address through a reverse lookup, and where that lookup fails (an address
+  without a name in /etc/hosts, DNS unreachable) its thread throws "failed to format addr,
+  unknown family=0" and the process aborts (SIGABRT); 2.4 and 2.6 do not. There, a store other
+  machines reach is the libuv store, which takes no socket and listens on every interface
+  (`bound_store`); one on the loopback keeps its socket (127.0.0.1 is named in /etc/hosts);
+- with c10d, torch 2.5's agent hands the ranks the rendezvous store itself; 2.4 (rank 0's
+  process) and 2.6 and later (the agent) serve the ranks a store of their own, on a free port,
+  on every interface (`c10d_ranks_share_the_rendezvous_store`);
+- ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run;
+- torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
+  file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
+  that much (and its copies) in the launcher at once. For the run it reads at most a given
+  number of characters at a time (`tails_in_pieces`), so the console wrapper's bound holds.
 
 The grace period when a rank fails: the other ranks get --grace_period to stop, not torch's 30 s.
 When a rank fails (or before a restart), torch's agent stops the other ranks through its
@@ -34,6 +50,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
 import re
 import signal
 import subprocess
@@ -45,6 +62,8 @@ from typing import Callable, Iterator
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
+NAMELESS_PEER_ABORTS = ((2, 5, 0), (2, 6, 0))  # releases [from, to) whose store without libuv
+# aborts at a connection from an address without a name (checked: 2.4.1 no, 2.5.1 yes, 2.6.0 no)
 TORCHS_STOPPING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what PContext.start takes
 
 
@@ -58,6 +77,23 @@ def release(version: str) -> tuple[int, int, int] | None:
 def libuv_takes_a_listening_socket(version: str) -> bool:
     known = release(version)
     return known is not None and known >= LIBUV_TAKES_A_LISTENING_SOCKET
+
+
+def _in_torch_2_5(version: str) -> bool:
+    known = release(version)
+    return known is not None and NAMELESS_PEER_ABORTS[0] <= known < NAMELESS_PEER_ABORTS[1]
+
+
+def bound_store(version: str, address: str) -> bool:
+    """Whether the store for `address` is served on a socket the launcher binds to that address
+    alone; False: torch's libuv store on every interface (torch 2.5, other machines' address)."""
+    from mpslaunch.machine import is_loopback
+
+    return not _in_torch_2_5(version) or is_loopback(address)
+
+
+def c10d_ranks_share_the_rendezvous_store(version: str) -> bool:
+    return _in_torch_2_5(version)
 
 
 def missing() -> list[str]:
@@ -155,12 +191,50 @@ class _SignalsLetThrough:
         return signal.getsignal(signum)
 
 
-def serve_store(own: str, port: int, descriptor: int):
-    """A rendezvous store served on the listening socket `descriptor` (bound to `port`); its own
-    client connects to `own`. torch's rendezvous on this port then finds this store."""
+@contextmanager
+def tails_in_pieces(limit: int) -> Iterator[None]:
+    """While it lasts, torch's tailer copies each rank's file in reads of at most `limit`
+    characters (a line longer than that reaches the console in pieces)."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    original = tail_log.tail_logfile
+    tail_log.tail_logfile = lambda *args, **named: _tail_in_pieces(limit, *args, **named)
+    try:
+        yield
+    finally:
+        tail_log.tail_logfile = original
+
+
+def _tail_in_pieces(limit: int, header: str, file: str, dst, finished: threading.Event,
+                    interval_sec: float, log_line_filter: Callable[[str], bool] | None = None):
+    """What torch's tail_logfile does (wait for the file, copy it to `dst` behind `header` until
+    `finished` is set and its end is reached), reading at most `limit` characters at a time."""
+    while not os.path.exists(file):
+        if finished.is_set():
+            return
+        time.sleep(interval_sec)
+    with open(file, errors="replace") as stream:
+        while True:
+            piece = stream.readline(limit)
+            if piece:
+                if log_line_filter is None or log_line_filter(piece):
+                    dst.write(header + piece)
+            elif finished.is_set():
+                return
+            else:
+                time.sleep(interval_sec)
+
+
+def serve_store(own: str, port: int, descriptor: int | None):
+    """A rendezvous store served on the listening socket `descriptor` (bound to `port`), or with
+    None torch's libuv store listening on `port` itself (every interface); its own client
+    connects to `own`. torch's rendezvous on this port then finds this store."""
     import torch
     from torch.distributed import TCPStore
 
+    if descriptor is None:
+        return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
+                        multi_tenant=True, use_libuv=True)
     return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
                     multi_tenant=True, master_listen_fd=descriptor,
                     use_libuv=libuv_takes_a_listening_socket(torch.__version__))
@@ -208,6 +282,7 @@ def graceful_stops(grace_seconds: float,
             timeout = grace_seconds
         original(context, death_sig=death_sig, timeout=timeout)
         stops.stopped.update({rank: process.wait() for rank, process in running.items()})
+        _close_rank_files(context)
 
     PContext.close = close
     stops.followed = True
@@ -232,6 +307,16 @@ def _wait(processes, seconds: float) -> None:
             process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             return
+
+
+def _close_rank_files(context) -> None:
+    """The files torch's handlers opened for the ranks' output, closed (again, for those it
+    closed itself); the ranks have their own descriptors."""
+    for handler in (getattr(context, "subprocess_handlers", None) or {}).values():
+        for name in ("_stdout", "_stderr"):
+            stream = getattr(handler, name, None)
+            if stream is not None:
+                stream.close()
 
 
 def _running(context) -> dict:

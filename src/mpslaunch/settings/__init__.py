@@ -17,7 +17,8 @@ from mpslaunch.settings.options import (
     ACCELERATOR, BY_NAME, DEFAULT_GRACE_SECONDS, DEFAULT_PORT, DEVICES, MACHINES, MPS_WATERMARK_MAX,
     OPTIONS, OUTPUT, PLAN, PRECISIONS, PROFILE_OPTIONS, RDZV_BACKENDS, RDZV_TIMEOUT_MAX,
     REQUEST_OPTIONS, Option, cut)
-from mpslaunch.settings.paths import NotAFileError, current_folder, open_regular, unreadable
+from mpslaunch.settings.paths import (NotAFileError, current_folder, folder_main, open_regular,
+                                     unreadable)
 from mpslaunch.settings.profile import KNOWN_KEYS, MPS_KEYS, Profile, check_profile, check_value
 from mpslaunch.settings.request import LaunchOptions, LaunchRequest, request_problem
 from mpslaunch.settings.layers import (ACCELERATE, API, CLUSTER, COMMAND_LINE, DEFAULT, PROFILE,

@@ -32,6 +32,8 @@ RDZV_TIMEOUT_MAX = 365 * 24 * 3600  # far below what Python's and torch's timeou
 MPS_WATERMARK_MAX = 2.0
 DEFAULT_GRACE_SECONDS = 30.0
 DEFAULT_PORT = 29500  # torchrun's and Accelerate's default port on machine 0
+MANY = 65_536  # processes, machines or threads: far beyond any machine or cluster; a typo
+MAX_RESTARTS = 10_000  # each restart is a new rendezvous and a new start of every rank
 
 # --help groups, in the order they are shown.
 PLAN, MACHINES, ACCELERATOR, OUTPUT, RUN = (
@@ -49,6 +51,14 @@ def rule(holds: Callable[[object], bool], wording: str) -> Callable[[object], st
 
 def at_least(low: int) -> Callable[[object], str | None]:
     return rule(lambda value: value >= low, f"must be {low} or more, not {{value}}")
+
+
+def count(low: int, high: int, what: str) -> Callable[[object], str | None]:
+    """A count from `low` to `high`: above it, the number is a typo (`what`: why so many is not
+    meant)."""
+    too_few, too_many = at_least(low), rule(lambda value: value <= high,
+                                            f"must be at most {high:,} ({what}), not {{value}}")
+    return lambda value: too_few(value) or too_many(value)
 
 
 def seconds(low: float, high: float, above: bool = False) -> Callable[[object], str | None]:
@@ -72,6 +82,9 @@ _rdzv_timeout = rule(lambda value: 1 <= value <= RDZV_TIMEOUT_MAX,
 _version = rule(lambda value: 1 <= value <= PROFILE_VERSION,
                 f"is {{value}}, but this mpslaunch reads profile version {PROFILE_VERSION} at most; "
                 "upgrade mpslaunch or write the profile again with `mpslaunch config`")
+
+
+_TYPO = "far more than any machine or cluster has"
 
 
 # ---------------------------------------------------------------- the table
@@ -146,12 +159,15 @@ OPTIONS = (
            default="auto", choices=DEVICES, profile=True, group=PLAN),
     Option("mixed_precision", str, "mixed precision", default="no", choices=PRECISIONS,
            profile=True, group=PLAN, accelerate=True),
-    Option("num_processes", int, "processes on this machine", check=at_least(1), profile=True,
-           metavar="N", group=PLAN, shown_default="one per NVIDIA GPU, else 1", accelerate=True),
-    Option("num_machines", int, "how many machines take part", default=1, check=at_least(1),
-           profile=True, metavar="MACHINES", group=MACHINES, accelerate=True),
-    Option("machine_rank", int, "this machine's rank, from 0", default=0, check=at_least(0),
-           profile=True, metavar="RANK", group=MACHINES, accelerate=True),
+    Option("num_processes", int, "processes on this machine", check=count(1, MANY, _TYPO),
+           profile=True, metavar="N", group=PLAN, shown_default="one per NVIDIA GPU, else 1",
+           accelerate=True),
+    Option("num_machines", int, "how many machines take part", default=1,
+           check=count(1, MANY, _TYPO), profile=True, metavar="MACHINES", group=MACHINES,
+           accelerate=True),
+    Option("machine_rank", int, "this machine's rank, from 0", default=0,
+           check=count(0, MANY - 1, _TYPO), profile=True, metavar="RANK", group=MACHINES,
+           accelerate=True),
     Option("main_process_ip", str, "address of machine 0", profile=True, metavar="IP",
            group=MACHINES, shown_default="none", accelerate=True),
     Option("main_process_ip_via_nat", bool,
@@ -166,7 +182,8 @@ OPTIONS = (
            "as torchrun", default=RDZV_TIMEOUT, check=_rdzv_timeout, profile=True,
            metavar="SECONDS", group=MACHINES),
     Option("max_restarts", int, "restarts of the worker group after a failure", default=0,
-           check=at_least(0), profile=True, metavar="RESTARTS", group=MACHINES, accelerate=True),
+           check=count(0, MAX_RESTARTS, "each one starts every rank again"), profile=True,
+           metavar="RESTARTS", group=MACHINES, accelerate=True),
     # Inside an srun step, SLURM's variables say the machines, this one's rank and machine 0.
     Option("slurm", bool, "ignore SLURM: do not read the machines and ranks from the srun step "
            "(docs/several-machines.md)", default=True, profile=True, flag="--no_slurm",
@@ -196,7 +213,8 @@ OPTIONS = (
     Option("debug", bool, "ACCELERATE_DEBUG_MODE: check collective operations", default=False,
            profile=True, group=ACCELERATOR, accelerate=True),
     Option("num_cpu_threads_per_process", int, "threads each process uses (OMP_NUM_THREADS)",
-           check=at_least(1), metavar="N", group=ACCELERATOR, shown_default="cores / processes",
+           check=count(1, MANY, _TYPO), metavar="N", group=ACCELERATOR,
+           shown_default="cores / processes",
            accelerate=True),
     Option("log_dir", str, "also write the output (each rank's, with several) to files in DIR",
            metavar="DIR", group=OUTPUT, shown_default="none"),

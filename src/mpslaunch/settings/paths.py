@@ -45,13 +45,24 @@ def _refuse_other_kinds(mode: int, path) -> None:
             raise NotAFileError(str(path), kind)
 
 
+def folder_main(path: str | os.PathLike) -> str | None:
+    """The `__main__.py` python runs for a folder (`python app/`); None when `path` is not a
+    folder holding one."""
+    main = os.path.join(path, "__main__.py")
+    try:
+        return main if os.path.isdir(path) and stat.S_ISREG(os.stat(main).st_mode) else None
+    except OSError:
+        return None
+
+
 def unreadable(shown: str, error: OSError, launching: bool = False) -> str:
     """Why the script `shown` cannot be read, and what to do, in one sentence."""
     or_module = ", or use -m to run a module" if launching else ""
     if isinstance(error, NotAFileError):
         return f"{shown} is {error.kind}, not a file; give the training script, a .py file"
     if isinstance(error, IsADirectoryError):
-        return f"{shown} is a folder; give the training script (a .py file){or_module}"
+        return (f"{shown} is a folder without a __main__.py (what python runs for a folder); "
+                f"give the training script (a .py file){or_module}")
     if error.errno == errno.ENOENT and os.path.islink(shown):
         return (f"{shown} is a symbolic link to {os.readlink(shown)}, which does not exist; "
                 "check the link with `ls -l`")
@@ -90,3 +101,21 @@ def denied_at(shown: str) -> str:
         if not os.access(folder, os.X_OK):
             return f"the folder {folder} cannot be searched by this user; see `ls -ld {folder}`"
     return f"this user cannot read the file; see `ls -l {shown}`"
+
+
+def missing_profile(path, config_folder: str) -> str:
+    """No profile at `path` (a pathlib.Path): the nearest profile beside it, else how to make
+    this one. In `config_folder` it is a --profile NAME."""
+    import difflib
+
+    named = os.path.realpath(path.parent) == os.path.realpath(config_folder)
+    try:
+        beside = sorted(found.stem for found in path.parent.glob("*.yaml"))
+    except OSError:
+        beside = []
+    close = difflib.get_close_matches(path.stem, beside, n=1)
+    make = f"`mpslaunch config {'--profile ' + path.stem if named else f'--config_file {path}'}`"
+    if not close:
+        return f"no profile at {path}; make one with {make}"
+    near = f"--profile {close[0]}" if named else str(path.with_name(f"{close[0]}.yaml"))
+    return f"no profile at {path}; did you mean {near}? (or make this one with {make})"

@@ -8,8 +8,10 @@ tests/settings/test_options.py holds the fields to the table.
 
 from __future__ import annotations
 
+import re
+
 from mpslaunch import record
-from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT
+from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT, cut
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
@@ -77,4 +79,38 @@ def check_profile(profile: Profile) -> str | None:
     if profile.num_machines > 1 and not profile.main_process_ip:
         return (f"{profile.named('num_machines')} is above 1, so main_process_ip (the address of "
                 "machine 0) is needed")
+    return None
+
+
+def unknown_keys_problem(keys: list[tuple[str, int]]) -> str | None:
+    """Every key of (key, line) that is not a profile key, each with the nearest known key, in
+    one sentence; None when all are known."""
+    import difflib  # only when a key is wrong
+
+    unknown = [(key, line) for key, line in keys if key not in KNOWN_KEYS]
+    if not unknown:
+        return None
+    named = []
+    for key, line in unknown:
+        close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+        named.append(f"line {line}: unknown key {cut(repr(key))}"
+                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"{'; '.join(named)}; known keys: {', '.join(KNOWN_KEYS)}"
+
+
+# YAML 1.1 reads 8:20 as the base-60 number 500, and 010 as the octal number 8. Compiled (and
+# kept by re) when a profile file is read: a launch without one needs neither.
+_BASE_60 = r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"
+_OCTAL = r"[-+]?0[0-7_]+"
+
+
+def written_number_problem(text: str, value: object) -> str | None:
+    """Why a number as the file spells it (`text`, unquoted) is not what a person means by it,
+    though YAML reads it as `value`; None when it is."""
+    if re.fullmatch(_BASE_60, text):
+        return (f"is written {text}, which YAML reads as the base-60 number {value}; write the "
+                "number itself")
+    if re.fullmatch(_OCTAL, text) and text.lstrip("+-") != "0":
+        return (f"is written {text}, which YAML reads as the octal number {value} (a leading 0); "
+                "write it without the 0")
     return None

@@ -18,7 +18,9 @@ import stat
 from mpslaunch import record, user_folder
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME, cut
-from mpslaunch.settings.profile import KNOWN_KEYS, Profile, check_profile, check_value
+from mpslaunch.settings.paths import missing_profile
+from mpslaunch.settings.profile import (Profile, check_profile, check_value, unknown_keys_problem,
+                                       written_number_problem)
 
 # yaml is imported where a profile is read or written (a launch without a profile file never
 # needs it); the annotations that name it are never evaluated.
@@ -64,17 +66,17 @@ def read(path: Path) -> ProfileFile:
     if _written_by_accelerate(document):
         translation = _translate(document, path)
         return ProfileFile(translation.profile, path, translation, translation.keys)
+    unknown = unknown_keys_problem([(key.value, key.start_mark.line + 1) for key, _ in document.value])
+    if unknown:
+        raise MpslaunchError(f"{path}, {unknown}")
     values = {}
     for key_node, value_node in document.value:
         key = key_node.value
         where = f"{path}, line {key_node.start_mark.line + 1}"
         if key in values:
             raise MpslaunchError(f"{where}: {key} is set twice; keep one")
-        if key not in KNOWN_KEYS:
-            raise MpslaunchError(f"{where}: unknown key {cut(repr(key))}{_suggestion(key)}; "
-                                 f"known keys: {', '.join(KNOWN_KEYS)}")
         value = _as_meant(key, _construct(value_node, path))
-        problem = check_value(key, value)
+        problem = _as_written(value_node, value) or check_value(key, value)
         if problem:
             raise MpslaunchError(f"{where}: {key} {problem}")
         values[key] = float(value) if key == "mps_memory_cap" and value is not None else value
@@ -83,6 +85,13 @@ def read(path: Path) -> ProfileFile:
     if problem:
         raise MpslaunchError(f"{path}: {problem}")
     return ProfileFile(profile, path, keys=tuple(key for key in values if key != "version"))
+
+
+def _as_written(node: yaml.Node, value: object) -> str | None:
+    """A number whose spelling YAML reads otherwise than a person does (8:20, 010)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and node.style is None:
+        return written_number_problem(node.value, value)
+    return None
 
 
 def _as_meant(key: str, value: object) -> object:
@@ -129,7 +138,7 @@ def _read_text(path: Path) -> str:
                                  "`mpslaunch config`")
         return _decode(data, path)
     except FileNotFoundError:
-        raise MpslaunchError(f"no profile at {path}; make one with `mpslaunch config`") from None
+        raise MpslaunchError(missing_profile(path, _config_folder())) from None
     except UnicodeDecodeError:
         raise MpslaunchError(f"{path} is not a text file; a profile is YAML text") from None
     except OSError as error:
@@ -231,13 +240,6 @@ def _one_line(error: Exception) -> str:
     mark = getattr(error, "problem_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
     return cut(" ".join(problem.split()), 200) + where
-
-
-def _suggestion(key: str) -> str:
-    import difflib  # only when a key is wrong
-
-    close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------- writing

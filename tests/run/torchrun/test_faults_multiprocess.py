@@ -182,3 +182,27 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# Rank 1 exits with argv[1]; both end their process group first (no abort at exit).
+ENDS_WITH = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(int(sys.argv[1]) if os.environ["RANK"] == "1" else 0)
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_with_warnings_as_errors_the_launcher_leaves_no_rank_log_open(tmp_path, marker, code):
+    """PYTHONWARNINGS=error: the files torch opened for the ranks' output are closed, whether
+    the ranks ended by themselves or were stopped; not one warning from the launcher."""
+    script = write_script(tmp_path, "ends.py", ENDS_WITH)
+    env = {**run_env(marker), "PYTHONWARNINGS": "error"}
+    done = subprocess.run([sys.executable, "-m", "mpslaunch", *TWO_CPU_RANKS, "--log_dir",
+                           str(tmp_path / "logs"), str(script), str(code)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "Warning" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-2000:]

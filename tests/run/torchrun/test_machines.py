@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run_cli, write_script
+from mpslaunch.run.torch_internals import bound_store, c10d_ranks_share_the_rendezvous_store
 from test_rendezvous import free_port, start, wait_until_machine_0_waits  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux processes and namespaces")
@@ -113,15 +115,34 @@ def test_max_restarts_on_several_machines_needs_c10d(tmp_path):
     assert run_cli(*args, "--rdzv_backend", "c10d", "--dry-run", str(script), env=IFNAME).returncode == 0
 
 
-def test_dry_run_with_c10d_names_torchs_store_on_every_interface(tmp_path):
+def test_dry_run_with_c10d_names_the_ranks_store_as_this_torch_serves_it(tmp_path):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     result = run_cli("launch", "--cpu", "--num_machines", "2", "--machine_rank", "0",
                      "--main_process_ip", "127.0.0.1", "--main_process_port", "29602",
                      "--rdzv_backend", "c10d", "--dry-run", str(script))
     assert result.returncode == 0, result.stderr
     assert "serves the rendezvous store, on 127.0.0.1:29602 only" in result.stdout
-    assert ("with c10d, torch's agent on the machine that gets rank 0 at the rendezvous also "
-            "serves a store for the ranks, on every interface, on a port it picks") in result.stdout
+    release = torch.__version__.split("+")[0]
+    if c10d_ranks_share_the_rendezvous_store(release):  # torch 2.5
+        assert (f"with c10d, torch {release}'s agent gives the ranks the rendezvous store itself "
+                "(nothing else listens for them)") in result.stdout
+    else:
+        assert ("with c10d, the machine that gets rank 0 at the rendezvous also serves a store "
+                "for the ranks (torch's agent, or rank 0 before torch 2.5), on every interface, on "
+                "a port torch picks") in result.stdout
+
+
+@pytest.mark.parametrize("version, address, bound, shared", [
+    ("2.4.1", "10.0.0.1", True, False), ("2.5.1+cu124", "10.0.0.1", False, True),
+    ("2.5.1", "127.0.0.1", True, True), ("2.5.1", "::1", True, True), ("2.6.0", "10.0.0.1", True, False),
+    ("2.14.1", "fd00::5", True, False), ("2.5.0a0+git1234", "10.0.0.1", True, False),
+])
+def test_where_each_torch_release_serves_the_stores(version, address, bound, shared):
+    """torch 2.5's store without libuv aborts at a connection from an address without a name
+    (seen on 2.5.1, not on 2.4.1 or 2.6.0), so there a store other machines reach is torch's
+    libuv store on every interface; and with c10d its ranks use the rendezvous store itself."""
+    assert bound_store(version, address) is bound
+    assert c10d_ranks_share_the_rendezvous_store(version) is shared
 
 
 @pytest.mark.parametrize("own, main, environ, refused", [
@@ -324,22 +345,32 @@ def test_two_hosts_train_and_listen_where_the_dry_run_says(tmp_path, two_hosts, 
         _, stderr = launcher.communicate(timeout=90)
         assert launcher.returncode == 0, stderr
     assert [(tmp_path / f"up.{rank}").read_text().strip() for rank in (0, 1)] == ["3", "3"]
-    assert (main, port) in found[two_hosts[0].namespace]
     everywhere = {(ip, p) for listening in found.values() for ip, p in listening
                   if ip in ("0.0.0.0", "::")}
     dry_run = subprocess.run(two_hosts[0].command(sys.executable, "-m", "mpslaunch",
                                                   *machine_args(0, port, ip=main), *common,
                                                   "--dry-run", str(script)),
                              capture_output=True, text=True, timeout=60).stdout
-    assert f"serves the rendezvous store, on {main}:{port} only" in dry_run
-    if backend == "static":
-        assert everywhere == set(), found
-        assert {ip for listening in found.values() for ip, _ in listening} <= \
-            {host.address for host in two_hosts} | {"127.0.0.1"}, found
-        assert "every interface, on a port it picks" not in dry_run
+    # What this torch does (run/torch_internals.py): torch 2.5's store for other machines listens
+    # on every interface, and with c10d its ranks use that store; other releases bind the
+    # address alone, and with c10d serve the ranks a store of their own on every interface.
+    bound = bound_store(torch.__version__, main)
+    shared = c10d_ranks_share_the_rendezvous_store(torch.__version__)
+    ranks_store = backend == "c10d" and not shared
+    if bound:
+        assert f"serves the rendezvous store, on {main}:{port} only" in dry_run
+        assert (main, port) in found[two_hosts[0].namespace]
+        assert port not in {port for _, port in everywhere}, found
     else:
-        assert everywhere, found  # torch's agent store
-        assert "every interface, on a port it picks" in dry_run
+        assert f"serves the rendezvous store, on every interface, on port {port} (" in dry_run
+        assert port in {port for _, port in everywhere}, found
+    assert ("on every interface, on a port torch picks" in dry_run) == ranks_store
+    assert ("gives the ranks the rendezvous store itself" in dry_run) == (backend == "c10d" and shared)
+    others = {(ip, p) for ip, p in everywhere if p != port}  # the ranks' store, on torch's port
+    assert bool(others) == ranks_store, found
+    if not ranks_store:  # gloo's own listeners are on the hosts' addresses
+        assert {ip for listening in found.values() for ip, _ in listening} <= \
+            {host.address for host in two_hosts} | {"127.0.0.1", "0.0.0.0", "::"}, found
 
 
 def test_two_hosts_whose_names_stand_for_the_loopback_are_told_before_starting(tmp_path, two_hosts):

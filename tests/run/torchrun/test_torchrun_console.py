@@ -74,3 +74,36 @@ def test_a_line_longer_than_the_limit_is_shown_in_pieces_and_never_held_whole():
     lines.write("[rank0] end\n")
     joined = "".join(line.removeprefix("[rank0] ") for line in lines.target.getvalue().splitlines())
     assert joined == "x" * (2 * MAX_HELD + 5) + "y" * 70_000 + "end"
+
+
+class Writes:
+    """A console that records the length of each write torch's tailer makes."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.sizes.append(len(text))
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_torchs_tailer_reads_a_line_without_an_end_in_bounded_pieces(tmp_path):
+    """torch's own TailLog, as the run starts it, over a rank's file of 3 MB without a newline:
+    no read (and so no copy of it in the launcher) is longer than MAX_HELD."""
+    from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+
+    from mpslaunch.run.torch_internals import tails_in_pieces
+
+    log = tmp_path / "stdout.log"
+    log.write_text("x" * 3_000_000)
+    console = Writes()
+    with tails_in_pieces(MAX_HELD):
+        tailer = TailLog("rank", {0: str(log)}, console, {0: "[rank0] "}).start()
+        tailer.stop()
+    assert max(console.sizes) <= len("[rank0] ") + MAX_HELD
+    assert "".join(piece.removeprefix("[rank0] ") for piece in console.text) == "x" * 3_000_000

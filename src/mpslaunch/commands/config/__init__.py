@@ -267,8 +267,9 @@ def on_this_machine(loaded: ProfileFile, machine: Machine | None) -> str:
 
 
 def unused_keys(profile: Profile, machine: Machine) -> tuple[str, ...]:
-    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults."""
-    if machine.is_mac:
+    """Off a Mac the MPS keys mean nothing: left out of the file while they hold their defaults,
+    unless the profile is for a Mac (device mps), wherever it is written."""
+    if machine.is_mac or profile.device == "mps":
         return ()
     default = Profile()
     return tuple(key for key in MPS_KEYS if getattr(profile, key) == getattr(default, key))

@@ -6,7 +6,8 @@ torch's own `[rankN]:` prefix (its excepthook, its C++ warnings) is dropped on t
 the same rank, so each line shows one prefix; the log files keep torch's.
 A line longer than MAX_HELD characters is not held whole: the console shows it in pieces of
 MAX_HELD, each on a line of its own, so memory stays bounded and the splitting stays linear
-(the log files keep the line as it was written).
+(the log files keep the line as it was written); torch's tailer, which would read such a line
+whole before writing it, reads at most MAX_HELD characters at a time for the run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator, TextIO
+
+from mpslaunch.run.torch_internals import tails_in_pieces
 
 RANK_PREFIX = re.compile(r"\[rank\d+\] ")  # args.LINE_PREFIX, rendered
 _LINE_END = re.compile(r"\r\n|\r|\n")
@@ -87,7 +90,8 @@ def whole_rank_lines() -> Iterator[None]:
     wrapped = [RankLines(stream) for stream in saved]
     sys.stdout, sys.stderr = wrapped
     try:
-        yield
+        with tails_in_pieces(MAX_HELD):
+            yield
     finally:
         sys.stdout, sys.stderr = saved
         for stream in wrapped:

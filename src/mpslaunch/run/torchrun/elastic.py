@@ -35,7 +35,9 @@ from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VAR
 from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest_own_failure,
                                             other_endings, stopped_ranks, stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
-from mpslaunch.run.torch_internals import Elastic, graceful_stops, missing, torch_signals, tune
+from mpslaunch.run.torch_internals import (Elastic, bound_store,
+                                          c10d_ranks_share_the_rendezvous_store, graceful_stops,
+                                          missing, torch_signals, tune)
 
 
 class LaunchFailed(MpslaunchError):
@@ -68,6 +70,33 @@ def describe(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
+def _store_listens_on(plan: LaunchPlan, rendezvous: Rendezvous) -> str:
+    if plan.settings.main_process_ip_via_nat:
+        return "every interface (--main_process_ip_via_nat)"
+    if not bound_store(torch_version(), rendezvous.address):
+        return (f"every interface, on port {rendezvous.port} (on torch {torch_version()} the store "
+                "that listens on one address aborts when a machine's address has no name; other "
+                "releases listen on the address alone)")
+    return f"{endpoint(rendezvous.address, rendezvous.port)} only"
+
+
+def _c10d_store(version: str) -> str:
+    """What serves the ranks' store with c10d, on this torch (torch_internals)."""
+    if c10d_ranks_share_the_rendezvous_store(version):
+        return (f"with c10d, torch {version}'s agent gives the ranks the rendezvous store itself "
+                "(nothing else listens for them)")
+    return ("with c10d, the machine that gets rank 0 at the rendezvous also serves a store for "
+            "the ranks (torch's agent, or rank 0 before torch 2.5), on every interface, on a "
+            "port torch picks; --rdzv_backend static keeps the ranks on the rendezvous store")
+
+
+def torch_version() -> str:
+    """The installed torch's release, without its build tag (2.5.1, not 2.5.1+cu124)."""
+    import torch  # imported already: this path runs torch's launcher
+
+    return torch.__version__.split("+")[0]
+
+
 def _added(plan: LaunchPlan, rendezvous: Rendezvous) -> dict[str, str]:
     full = launcher_environment(plan, rendezvous, os.environ)
     return {key: value for key, value in full.items() if key not in plan.env}
@@ -85,16 +114,10 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
     if plan.settings.main_process_port == 0:
         notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
     if plan.settings.machine_rank == 0:
-        where = ("every interface (--main_process_ip_via_nat)"
-                 if plan.settings.main_process_ip_via_nat
-                 else f"{endpoint(rendezvous.address, rendezvous.port)} only")
-        notes.append(f"this machine (machine 0) serves the rendezvous store, on {where}")
+        notes.append(f"this machine (machine 0) serves the rendezvous store, on "
+                     f"{_store_listens_on(plan, rendezvous)}")
     if rendezvous.backend == "c10d":
-        # torch's c10d rendezvous handler starts that store itself (TCPStore on port 0), and
-        # TCPStore listens on every interface.
-        notes.append("with c10d, torch's agent on the machine that gets rank 0 at the rendezvous "
-                     "also serves a store for the ranks, on every interface, on a port it picks; "
-                     "--rdzv_backend static keeps the ranks on the rendezvous store")
+        notes.append(_c10d_store(torch_version()))
     notes.append(f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
                  "(--rdzv_timeout); Ctrl-C stops the wait")
     return notes

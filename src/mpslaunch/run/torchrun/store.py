@@ -3,19 +3,22 @@
 torch's TCPStore listens on every interface whatever host it is given, so we bind the socket
 ourselves and hand it to the store (torch_internals.serve_store): 127.0.0.1 for one machine; machine 0's
 --main_process_ip (checked by the plan to be one of its addresses), or every interface with
---main_process_ip_via_nat. The other machines' launchers wait on this store (gate.py).
+--main_process_ip_via_nat. On torch 2.5 the store that takes a socket aborts at a machine whose
+address has no name, so other machines' store is torch's own there, on every interface. The
+other machines' launchers wait on this store (gate.py).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from contextlib import contextmanager
 from typing import Iterator
 
 from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
-from mpslaunch.run.torch_internals import serve_store
+from mpslaunch.run.torch_internals import bound_store, serve_store
 
 EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
 
@@ -23,20 +26,26 @@ EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
 @contextmanager
 def store_on(address: str, port: int, listen: str | None = None) -> Iterator[tuple[int, object]]:
     """Serve the rendezvous store for address:port, listening on `listen` (default: the address
-    itself; port 0: a free port); yield the port and the store."""
+    itself; port 0: a free port); yield the port and the store. On torch 2.5 a store that other
+    machines reach listens on every interface (torch_internals.bound_store)."""
+    import torch
+
     listener = _listen(address if listen is None else listen, port)
     chosen = listener.getsockname()[1]
-    # The store owns the descriptor from here on and closes it: detach it from Python's socket.
-    descriptor = listener.detach()
     # Its own client connects here: on every interface, through the loopback (a NAT address
     # may not lead back to this machine from inside).
     own = address if listen is None else "127.0.0.1"
+    # The store owns what it is given (it closes it, also when it fails): a copy of ours.
+    given = os.dup(listener.fileno()) if bound_store(torch.__version__, address) else None
     try:
-        store = serve_store(own, chosen, descriptor)
+        if given is None:
+            listener.close()  # the port is free and checked: torch's store listens on it itself
+        store = serve_store(own, chosen, given)
     except (RuntimeError, ValueError) as error:
-        socket.close(descriptor)
         raise MpslaunchError(f"cannot start the rendezvous store on {endpoint(address, chosen)}: "
                              f"{error_line(error)}") from None
+    finally:
+        listener.close()
     try:
         yield chosen, store
     finally:

@@ -1,0 +1,81 @@
+"""The rules are declared once (check/registry.py): docs/check.md's table names each with the
+plans it applies to, each has its code and nothing undeclared runs, and the findings launch
+keeps are keyed on the rules, so a rule added changes what launch shows for a script seen before."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import REPO, write_script
+
+from mpslaunch.check import Target, registry
+from mpslaunch.check import rules as _rules  # noqa: F401 - imports the code behind each rule
+
+
+def docs_table() -> list[tuple[str, str]]:
+    """(rule, plans) of each row of docs/check.md's table of rules."""
+    text = (REPO / "docs" / "check.md").read_text()
+    return re.findall(r"^\| `([a-z0-9-]+)` \| ([^|]+?) \|", text, re.M)
+
+
+def test_the_docs_table_names_each_rule_with_the_plans_it_applies_to():
+    assert docs_table() == [(rule.name, rule.plans.shown) for rule in registry.RULES]
+
+
+def test_each_rule_has_its_code_and_only_declared_rules_run():
+    assert set(registry.IMPLEMENTATIONS) == set(registry.BY_NAME)
+    assert len(registry.BY_NAME) == len(registry.RULES)
+
+
+def test_the_plans_of_a_rule_decide_where_it_speaks():
+    mac, linux_cpu, linux_cpu_2 = Target("mps", 1, "Darwin"), Target("cpu", 1, "Linux"), Target("cpu", 2, "Linux")
+    assert registry.BY_NAME["pin-memory-mps"].plans.applies(mac)
+    assert not registry.BY_NAME["pin-memory-mps"].plans.applies(linux_cpu)
+    nccl = registry.BY_NAME["nccl-cpu"].plans
+    assert nccl.applies(linux_cpu_2) and not nccl.applies(linux_cpu)
+    assert not any(rule.plans.applies(Target("cuda", 1, "Linux")) for rule in registry.RULES
+                   if not rule.name.startswith("workers-"))
+
+
+# A launch on this machine with one more rule declared: `print()` named as a finding.
+WITH_ANOTHER_RULE = """
+import sys
+from mpslaunch import commands as cli
+from mpslaunch.check import registry
+
+rule = registry.Rule("print-call", registry.NO_CUDA, "print()", ("print",), ("print(",),
+                     {"print": "print() writes to the console"}, {"print": "use logging"}, breaks=False)
+registry.RULES += (rule,)
+registry.BY_NAME[rule.name] = rule
+registry.implements(rule.name)(lambda rules, call, where, name, qualified:
+                               rules.add(where, call, "print-call", "print"))
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def launch_warnings(tmp_path, *python: str) -> list[str]:
+    result = subprocess.run([sys.executable, *python, "launch", "--dry-run", "--cpu", "train.py"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stderr.splitlines() if line.startswith("mpslaunch: warning: ")]
+
+
+def test_a_rule_added_changes_what_launch_shows_for_a_script_seen_before(tmp_path, isolated_cache_dir):
+    write_script(tmp_path, "train.py", "import torch\n\nprint(torch.ones(2).sum())\n")
+    assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # checked, and the (empty) findings kept
+    assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # read back
+    # the script is unchanged; the rules are not
+    assert launch_warnings(tmp_path, "-c", WITH_ANOTHER_RULE) == [
+        "mpslaunch: warning: train.py:3: print() writes to the console; use logging"]
+    assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # and back without it
+    assert len(list((isolated_cache_dir / "script-checks").iterdir())) == 2  # one entry per set of rules
+
+
+def test_the_rules_digest_follows_the_declarations(monkeypatch):
+    before = registry.digest()
+    monkeypatch.setattr(registry, "_digest", [])
+    monkeypatch.setattr(registry, "RULES", registry.RULES[:-1])
+    assert registry.digest() != before
