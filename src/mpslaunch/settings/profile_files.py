@@ -138,7 +138,7 @@ def _read_text(path: Path) -> str:
                                  "`mpslaunch config`")
         return _decode(data, path)
     except FileNotFoundError:
-        raise MpslaunchError(missing_profile(path, _config_folder())) from None
+        raise MpslaunchError(missing_profile(path, user_folder("config"))) from None
     except UnicodeDecodeError:
         raise MpslaunchError(f"{path} is not a text file; a profile is YAML text") from None
     except OSError as error:
