@@ -1,16 +1,21 @@
-"""Launch overhead and launcher memory: `mpslaunch launch --cpu -q s.py` against `python s.py`.
+"""Launch overhead and launcher memory: `mpslaunch launch` against `python` on the same script.
 
-s.py imports torch and exits, like the start of any training script; pass.py does nothing, so
-`mpslaunch launch --cpu -q pass.py` against `python pass.py` is the launcher's own fixed cost,
-and without -q (the script read first, the run watched) the default launch's. The
-commands run in turn and their medians are compared, with each command's peak memory (the
-launcher's, whose child is smaller); the launcher's own peak memory beside a torch child is read
-while that child runs. `--with-accelerate` also times `accelerate launch --cpu s.py`.
+Two measures. In process: the launcher's own work from its first import to the moment it starts
+the child (subprocess.Popen of the script), on the default path (no --cpu, no -q: the check
+before launch and the companion on), on this machine, on a described CUDA machine (one H200, a
+CUDA build of torch) and on a described Mac (an M4 Max on macOS 15.5 whose torch verdict on mps
+is kept); each run a fresh Python, median of --in-process-runs. Whole process: `mpslaunch
+launch pass.py` (default path) and `mpslaunch launch --cpu -q pass.py` against `python pass.py`,
+where pass.py does nothing: the difference is the launcher's fixed cost; s.py imports torch,
+like the start of any training script. The commands alternate, medians compared, with each
+command's peak memory; the launcher's own peak memory beside a torch child is read while that
+child runs. `--also-src DIR` measures another checkout's sources the same way, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -23,11 +28,85 @@ from pathlib import Path
 SCRIPT = "import torch\ntorch.ones(1)\n"
 NOTHING = "pass\n"
 SLEEPY_SCRIPT = "import time, torch\ntime.sleep(3)\n"
+MAC_BUILD = "24F74"
+
+# The launcher in this process, told which machine it runs on the way the tests describe one,
+# timed from its first import to the Popen of the script; the child is never started.
+# argv: the script, the machine (this, cuda, mac), then launch's arguments.
+IN_PROCESS = """
+import time
+start, cpu_start = time.perf_counter(), time.process_time()
+import os, subprocess, sys
+script, machine = sys.argv[1], sys.argv[2]
+if machine in ("cuda", "mac"):
+    from mpslaunch.machine import facts
+if machine == "cuda":  # what /proc/driver/nvidia/gpus says, and torch/version.py's cuda
+    facts._nvidia_gpu_names = lambda: ("NVIDIA H200",)
+    read = facts._torch_build_facts
+    facts._torch_build_facts = lambda: {**read(), "cuda": "13.0"}
+if machine == "mac":  # os.uname and sysctl's answers
+    os.uname = lambda: os.uname_result(("Darwin", "mac", "24.5.0", "", "arm64"))
+    facts._mac_sysctls = lambda: {"kern.osproductversion": "15.5", "kern.osversion": "%s",
+                                  "machdep.cpu.brand_string": "Apple M4 Max",
+                                  "kern.hv_vmm_present": "0"}
+real_popen = subprocess.Popen.__init__
+def started(self, args, *rest, **named):
+    if script in [str(arg) for arg in args]:
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        os.write(2, f"\\nMPSLAUNCH-BENCH {wall * 1000:.3f} {cpu * 1000:.3f}\\n".encode())
+        os._exit(0)
+    real_popen(self, args, *rest, **named)
+subprocess.Popen.__init__ = started
+if machine.startswith("floor"):  # Python alone starting the script: what any launcher pays
+    if machine == "floor-ctypes":  # and libc's prctl loaded, as for Linux's parent-death signal
+        import ctypes
+        ctypes.CDLL(None).prctl
+    subprocess.Popen([sys.executable, script])
+from mpslaunch.commands import main
+main(["launch", *sys.argv[3:], script])
+raise SystemExit("the launcher did not start the script")
+""" % MAC_BUILD
+
+# Keeps torch's verdict "mps works" for the described Mac, as a first launch there would.
+KEEP_MPS_VERDICT = """
+import sys
+from mpslaunch.machine import probe, torch_check
+key = torch_check.cache_key(sys.executable, probe().torch_version, "%s")
+torch_check.save(key, torch_check.MpsAnswer(True, "works", "", "2026-01-01 00:00"))
+""" % MAC_BUILD
+
+MACHINES = {"this": "this machine", "cuda": "described CUDA machine (1 x H200)",
+            "mac": "described Mac (M4 Max, macOS 15.5)"}
 
 
 def mpslaunch_command() -> list[str]:
     found = shutil.which("mpslaunch", path=str(Path(sys.executable).parent))
     return [found] if found else [sys.executable, "-m", "mpslaunch"]
+
+
+def isolated_environment(folder: Path, src: str | None) -> dict[str, str]:
+    """This environment with the user's config and cache folders in `folder` (found the way the
+    launcher finds them, not through MPSLAUNCH_*_DIR), outside any cluster, the sources in `src`."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("SLURM_", "PET_", "MPSLAUNCH_"))}
+    env.update(XDG_CONFIG_HOME=str(folder / "config"), XDG_CACHE_HOME=str(folder / "cache"))
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()),
+                                             *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def in_process_ms(script: Path, machine: str, flags: list[str],
+                  env: dict[str, str]) -> tuple[float, float]:
+    """Milliseconds from the launcher's first import to the child's Popen: wall-clock, and the
+    CPU time the launcher's process spent meanwhile (steadier on a machine others load)."""
+    done = subprocess.run([sys.executable, "-c", IN_PROCESS, str(script), machine, *flags],
+                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    marked = [line for line in done.stderr.splitlines() if line.startswith("MPSLAUNCH-BENCH ")]
+    if not marked:
+        raise SystemExit(f"the in-process run on {machine} failed:\n{done.stderr}")
+    wall, cpu = marked[-1].split()[1:]
+    return float(wall), float(cpu)
 
 
 # Runs one command and prints its seconds and peak memory. It is a small process (no site, few
@@ -46,11 +125,11 @@ print(elapsed, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
 """
 
 
-def run_once(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Seconds from start to exit, and the peak resident memory in MB of the command's process
-    (or of a child it waited for, when that one was bigger). `env`: variables to add."""
+    (or of a child it waited for, when that one was bigger)."""
     done = subprocess.run([sys.executable, "-S", "-c", RUNNER, *command], capture_output=True,
-                          text=True, check=True, env={**os.environ, **(env or {})})
+                          text=True, check=True, env=env)
     elapsed, peak, code = done.stdout.split()
     if int(code) != 0:
         raise SystemExit(f"{command} failed with exit code {code}")
@@ -58,9 +137,9 @@ def run_once(command: list[str], env: dict[str, str] | None = None) -> tuple[flo
     return float(elapsed), int(peak) / per_mb
 
 
-def launcher_peak_rss_mb(command: list[str]) -> float:
+def launcher_peak_rss_mb(command: list[str], env: dict[str, str]) -> float:
     """Peak resident memory of the launcher process itself, read while its child still runs."""
-    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env)
     time.sleep(2.0)  # the child is importing torch or sleeping by now
     status = Path(f"/proc/{launcher.pid}/status")
     peak_kb = None
@@ -76,63 +155,147 @@ def launcher_peak_rss_mb(command: list[str]) -> float:
     return peak_kb / 1024
 
 
+def in_process(sources: dict[str, str | None], folder: Path, script: Path, runs: int) -> None:
+    """The launcher's own time to the child's start, per machine and per checkout, in turn, and
+    beside it Python alone importing subprocess to start the script (the floor)."""
+    envs = {label: isolated_environment(folder / label, src) for label, src in sources.items()}
+    for env in envs.values():
+        subprocess.run([sys.executable, "-c", KEEP_MPS_VERDICT], env=env, check=True)
+    first = next(iter(sources))
+    cases = [(first, "floor", ""), (first, "floor-ctypes", "")] + [
+        (label, machine, flags) for label in sources for machine in MACHINES
+        for flags in ("", "--cpu -q")]
+    samples = {case: [] for case in cases}
+    for label, machine, flags in cases:  # warm up: the check keeps its findings, files cached
+        in_process_ms(script, machine, flags.split(), envs[label])
+    for _ in range(runs):
+        for label, machine, flags in cases:
+            samples[(label, machine, flags)].append(
+                in_process_ms(script, machine, flags.split(), envs[label]))
+
+    def shown(case) -> str:
+        walls, cpus = [wall for wall, _ in samples[case]], [cpu for _, cpu in samples[case]]
+        return (f"{statistics.median(walls):6.1f} ({min(walls):5.1f}) "
+                f"{statistics.median(cpus):6.1f}")
+
+    print(f"\nin process, ms from the launcher's first import to the child's Popen: wall-clock "
+          f"median (min) and CPU-time median, of {runs}; columns: {', '.join(sources)}")
+    print(f"  {'Python alone, importing subprocess':50}  {shown((first, 'floor', ''))}")
+    print(f"  {'... and ctypes with libc prctl (Linux)':50}  {shown((first, 'floor-ctypes', ''))}")
+    for machine, name in MACHINES.items():
+        for flags in ("", "--cpu -q"):
+            path = flags or "default path"
+            print(f"  {name:37} {path:12}  "
+                  + "   ".join(shown((label, machine, flags)) for label in sources))
+
+
+INTERPRETER_START = ("site", "encodings", "_frozen_importlib_external", "zipimport", "codecs")
+
+
+def import_times(sources: dict[str, str | None], folder: Path, script: Path, runs: int,
+                 shown: int = 12) -> None:
+    """`python -X importtime` of the default launch on this machine: the imports that cost most,
+    their cumulative times (median of `runs`), per checkout."""
+    for label, src in sources.items():
+        env = isolated_environment(folder / label, src)
+        times: dict[str, list[int]] = {}
+        for _ in range(runs):
+            done = subprocess.run([sys.executable, "-X", "importtime", "-c", IN_PROCESS,
+                                   str(script), "this"], capture_output=True, text=True, env=env)
+            for line in done.stderr.splitlines():
+                if line.startswith("import time:") and "self [us]" not in line:
+                    _, cumulative, name = line[len("import time:"):].split("|")
+                    times.setdefault(name.rstrip(), []).append(int(cumulative))
+        medians = {name: statistics.median(values) for name, values in times.items()
+                   if len(values) == runs and name.strip() not in INTERPRETER_START}
+        print(f"\n-X importtime, {label}, this machine, default path: the {shown} largest "
+              f"cumulative times, ms (median of {runs}; the harness imports subprocess first)")
+        for name, micros in sorted(medians.items(), key=lambda item: -item[1])[:shown]:
+            print(f"  {micros / 1000:6.1f}  {name}")
+
+
+def whole_process(sources: dict[str, str | None], folder: Path, runs: int,
+                  with_accelerate: bool) -> None:
+    script, sleepy, nothing = folder / "s.py", folder / "sleepy.py", folder / "pass.py"
+    plain_env = isolated_environment(folder / "plain", None)
+    # With --also-src every launcher runs as `python -m mpslaunch`, each finding its own sources.
+    launcher = [sys.executable, "-m", "mpslaunch"] if len(sources) > 1 else mpslaunch_command()
+    commands = {
+        "python pass.py": ([sys.executable, str(nothing)], plain_env),
+        "python s.py": ([sys.executable, str(script)], plain_env),
+    }
+    for label, src in sources.items():
+        env = isolated_environment(folder / label, src)
+        tag = f" ({label})" if len(sources) > 1 else ""
+        commands[f"mpslaunch launch pass.py{tag}"] = ([*launcher, "launch", str(nothing)], env)
+        commands[f"mpslaunch launch --cpu -q pass.py{tag}"] = (
+            [*launcher, "launch", "--cpu", "-q", str(nothing)], env)
+        commands[f"mpslaunch launch --cpu -q s.py{tag}"] = (
+            [*launcher, "launch", "--cpu", "-q", str(script)], env)
+    if with_accelerate:
+        accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+        commands["accelerate launch --cpu s.py"] = ([accelerate, "launch", "--cpu", str(script)],
+                                                    plain_env)
+    for command, env in commands.values():
+        run_once(command, env)  # warm the file cache; the check keeps its findings
+    samples = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, (command, env) in commands.items():
+            samples[name].append(run_once(command, env))
+    width = max(map(len, samples))
+    print(f"\nwhole process ({runs} alternating runs):")
+    print(f"{'command':{width}} {'median s':>9} {'ratio':>6} {'peak MB':>8}")
+    medians = {name: statistics.median(s for s, _ in runs_) for name, runs_ in samples.items()}
+    for name, runs_ in samples.items():
+        base = "python pass.py" if "pass.py" in name else "python s.py"
+        peak = statistics.median(megabytes for _, megabytes in runs_)
+        print(f"{name:{width}} {medians[name]:9.3f} {medians[name] / medians[base]:6.3f} {peak:8.1f}")
+    for name in [name for name in samples if "launch" in name and "pass.py" in name]:
+        print(f"the launcher's fixed cost, {name} - python pass.py: "
+              f"{(medians[name] - medians['python pass.py']) * 1000:.0f} ms")
+    env = isolated_environment(folder / next(iter(sources)), next(iter(sources.values())))
+    peak = launcher_peak_rss_mb([*launcher, "launch", "--cpu", "-q", str(sleepy)], env)
+    print(f"launcher peak RSS (mpslaunch process only): {peak:.1f} MB")
+    if with_accelerate:
+        peak = launcher_peak_rss_mb([commands["accelerate launch --cpu s.py"][0][0], "launch",
+                                     "--cpu", str(sleepy)], plain_env)
+        print(f"launcher peak RSS (accelerate process only): {peak:.1f} MB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7, help="runs of each command (default: 7)")
+    parser.add_argument("--runs", type=int, default=7,
+                        help="whole-process runs of each command (default: 7)")
+    parser.add_argument("--in-process-runs", type=int, default=30,
+                        help="in-process runs of each case (default: 30)")
     parser.add_argument("--with-accelerate", action="store_true",
                         help="also time `accelerate launch --cpu s.py`")
     parser.add_argument("--also-src", metavar="DIR",
-                        help="also time the launches of pass.py with the mpslaunch in DIR (another "
-                        "checkout's src/), side by side")
+                        help="also measure the mpslaunch in DIR (another checkout's src/), side by side")
+    parser.add_argument("--importtime", type=int, default=0, metavar="RUNS",
+                        help="also show the costliest imports of the default launch (-X importtime)")
+    parser.add_argument("--only", choices=("in-process", "whole"),
+                        help="run one of the two measures")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-bench-"))
-    script, sleepy, nothing = folder / "s.py", folder / "sleepy.py", folder / "pass.py"
-    script.write_text(SCRIPT)
-    sleepy.write_text(SLEEPY_SCRIPT)
-    nothing.write_text(NOTHING)
-    os.environ.setdefault("MPSLAUNCH_CONFIG_DIR", str(folder))  # no user profile interferes
-    # With --also-src both launchers run as `python -m mpslaunch`, each finding its own sources.
-    launcher = [sys.executable, "-m", "mpslaunch"] if options.also_src else mpslaunch_command()
-    commands = {
-        "python pass.py": [sys.executable, str(nothing)],
-        "mpslaunch launch --cpu -q pass.py": [*launcher, "launch", "--cpu", "-q", str(nothing)],
-        "python s.py": [sys.executable, str(script)],
-        "mpslaunch launch --cpu -q s.py": [*launcher, "launch", "--cpu", "-q", str(script)],
-    }
-    if options.with_accelerate:
-        accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-        commands["accelerate launch --cpu s.py"] = [accelerate, "launch", "--cpu", str(script)]
-    # Without -q the launch reads the script first and watches the run (memory, the end line).
-    commands["mpslaunch launch --cpu pass.py"] = [*launcher, "launch", "--cpu", str(nothing)]
-    envs = {}
+    for name, text in (("s.py", SCRIPT), ("sleepy.py", SLEEPY_SCRIPT), ("pass.py", NOTHING)):
+        (folder / name).write_text(text)
+    here = str(Path(__file__).resolve().parents[1] / "src")
+    sources = {"this checkout": here}
     if options.also_src:
-        for name in ("mpslaunch launch --cpu -q pass.py", "mpslaunch launch --cpu pass.py"):
-            commands[f"{name} (--also-src)"] = commands[name]
-            envs[f"{name} (--also-src)"] = {"PYTHONPATH": str(Path(options.also_src).resolve())}
-    for name, command in commands.items():
-        run_once(command, envs.get(name))  # warm the file cache
-    runs = {name: [] for name in commands}
-    for _ in range(options.runs):
-        for name, command in commands.items():
-            runs[name].append(run_once(command, envs.get(name)))
-    width = max(map(len, runs))
-    print(f"{'command':{width}} {'median s':>9} {'ratio':>6} {'peak MB':>8}   ({options.runs} alternating runs)")
-    for name, samples in runs.items():
-        base = "python pass.py" if "pass.py" in name else "python s.py"
-        median = statistics.median(seconds for seconds, _ in samples)
-        base_median = statistics.median(seconds for seconds, _ in runs[base])
-        peak = statistics.median(megabytes for _, megabytes in samples)
-        print(f"{name:{width}} {median:9.3f} {median / base_median:6.3f} {peak:8.1f}")
-    bare = statistics.median(s for s, _ in runs["python pass.py"])
-    for name in [name for name in runs if "pass.py" in name and name != "python pass.py"]:
-        fixed = statistics.median(s for s, _ in runs[name]) - bare
-        print(f"the launcher's fixed cost, {name} - python pass.py: {fixed * 1000:.0f} ms")
-    sleepy_command = [*launcher, "launch", "--cpu", "-q", str(sleepy)]
-    print(f"launcher peak RSS (mpslaunch process only): {launcher_peak_rss_mb(sleepy_command):.1f} MB")
-    if options.with_accelerate:
-        accelerate_sleepy = [commands["accelerate launch --cpu s.py"][0], "launch", "--cpu", str(sleepy)]
-        print(f"launcher peak RSS (accelerate process only): {launcher_peak_rss_mb(accelerate_sleepy):.1f} MB")
-    shutil.rmtree(folder, ignore_errors=True)
+        sources["--also-src"] = options.also_src
+    print(json.dumps({"python": sys.version.split()[0], "cores": os.cpu_count(),
+                      "load average": os.getloadavg()}))
+    try:
+        if options.only != "whole":
+            in_process(sources, folder, folder / "pass.py", options.in_process_runs)
+            if options.importtime:
+                import_times(sources, folder, folder / "pass.py", options.importtime)
+        if options.only != "in-process":
+            whole_process(sources, folder, options.runs, options.with_accelerate)
+        print(json.dumps({"load average": os.getloadavg()}))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

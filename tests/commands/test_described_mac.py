@@ -45,7 +45,7 @@ def cache_file(folder):
 
 def keep(folder, answer: torch_check.MpsAnswer) -> None:
     key = torch_check.cache_key(sys.executable, probe().torch_version, BUILD)
-    cache_file(folder).write_text(json.dumps({key: answer.__dict__}))
+    cache_file(folder).write_text(json.dumps({key: answer._asdict()}))
 
 
 def test_the_first_launch_asks_torch_later_ones_read_the_kept_answer(tmp_path, isolated_cache_dir):
@@ -161,7 +161,7 @@ def test_the_dry_run_and_the_launch_name_the_known_faults_of_this_torch_and_acce
         tmp_path, isolated_cache_dir):
     key = torch_check.cache_key(sys.executable, "2.12.1", BUILD)
     cache_file(isolated_cache_dir).write_text(json.dumps(
-        {key: torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02").__dict__}))
+        {key: torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02")._asdict()}))
     script = write_script(tmp_path, "train.py", "print('ran')\n")
     sysctls = {"kern.osproductversion": "15.5", "kern.osversion": BUILD,
                "machdep.cpu.brand_string": "Apple M2 Max", "kern.hv_vmm_present": "0"}

@@ -122,7 +122,7 @@ def test_profile_facts_on_a_mac(tmp_path, monkeypatch):
 
 def test_a_fence_inside_a_value_cannot_end_the_block(tmp_path, monkeypatch):
     monkeypatch.setenv("MPSLAUNCH_CONFIG_DIR", str(tmp_path))
-    facts = envreport.gather(M2.__class__(**{**M2.__dict__, "torch_version": None}),
+    facts = envreport.gather(M2._replace(torch_version=None),
                              {"PYTORCH_X": "```oops"}, None, None)
     block = envreport.as_markdown(facts)
     assert block.count("```") == 2 and "PYTORCH_X='''oops" in block

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 
 import pytest
 
@@ -74,14 +73,14 @@ def test_device_mps_in_a_virtual_machine_runs_with_one_warning():
 @pytest.mark.parametrize("usable", [True, False])
 def test_auto_in_a_virtual_machine_gives_the_vm_reason_whatever_torch_said(usable):
     # A tiny check can pass in a VM where training then fails (actions/runner-images#11899).
-    vm = replace(MACHINES["mac_vm"], mps_answer=MpsAnswer(usable, "works" if usable else "a 64x64 "
+    vm = MACHINES["mac_vm"]._replace(mps_answer=MpsAnswer(usable, "works" if usable else "a 64x64 "
                  "matmul on mps fails: RuntimeError: MPS backend out of memory", "", "now"))
     plan = resolve(Profile(), LaunchRequest("train.py"), vm, {})
     assert plan.device == "cpu" and "this Mac is a virtual machine" in plan.reason
 
 
 def test_torch_saying_no_in_a_virtual_machine_is_refused_too():
-    vm = replace(MACHINES["mac_vm"], mps_answer=MpsAnswer(
+    vm = MACHINES["mac_vm"]._replace(mps_answer=MpsAnswer(
         False, "a 64x64 matmul on mps fails: RuntimeError: MPS backend out of memory", "fix", "now"))
     with pytest.raises(MpslaunchError, match="MPS backend out of memory"):
         resolve(Profile(), LaunchRequest("train.py", device="mps"), vm, {})
@@ -97,7 +96,7 @@ def test_a_verdict_changes_nothing_off_a_mac():
     said_no = MpsAnswer(False, "this torch build has no mps", "fix", "now")
     for name in ("linux_cpu", "linux_8gpu"):
         request = LaunchRequest("train.py")
-        assert (resolve(Profile(), request, replace(MACHINES[name], mps_answer=said_no), {})
+        assert (resolve(Profile(), request, MACHINES[name]._replace(mps_answer=said_no), {})
                 == resolve(Profile(), request, MACHINES[name], {}))
 
 
@@ -123,7 +122,7 @@ def test_verdict_words(facts, usable, part):
 # ---------------------------------------------------------------- the cache
 
 def described_mac(**changes):
-    return replace(MACHINES["m2_macos26.3"], **{"python": sys.executable, "os_build": "25D125", **changes})
+    return MACHINES["m2_macos26.3"]._replace(**{"python": sys.executable, "os_build": "25D125", **changes})
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux")
@@ -186,7 +185,7 @@ def test_the_cache_keeps_the_latest_entries(isolated_cache_dir):
 
 def test_no_key_off_a_mac_or_without_torch():
     assert mps_cache_key(MACHINES["linux_cpu"]) is None
-    assert mps_cache_key(replace(MACHINES["m2_no_torch"], os_build="23F79")) is None
+    assert mps_cache_key(MACHINES["m2_no_torch"]._replace(os_build="23F79")) is None
 
 
 # ---------------------------------------------------------------- the macOS probe

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
@@ -372,14 +371,14 @@ def test_num_processes_per_machine_is_pointed_out_to_accelerate_users():
 
 # ---------------------------------------------------------------- several machines
 
-HOST = dataclasses.replace(MACHINES["linux_cpu"], addresses=("127.0.0.1", "192.168.1.5", "::1"))
+HOST = MACHINES["linux_cpu"]._replace(addresses=("127.0.0.1", "192.168.1.5", "::1"))
 TWO_MACHINES = dict(cpu=True, num_machines=2, machine_rank=0)
 
 
 @pytest.mark.parametrize("machine, flags", [
     (HOST, dict(main_process_ip="192.168.1.5")),
     (HOST, dict(main_process_ip="::1")),
-    (dataclasses.replace(HOST, name_lookup=("trainer0", ("192.168.1.5",))), dict(main_process_ip="trainer0")),
+    (HOST._replace(name_lookup=("trainer0", ("192.168.1.5",))), dict(main_process_ip="trainer0")),
     (HOST, dict(main_process_ip="10.0.0.5", main_process_ip_via_nat=True)),
     (HOST, dict(main_process_ip="10.0.0.5", machine_rank=1)),  # machine 0 is elsewhere
     (MACHINES["linux_cpu"], dict(main_process_ip="10.0.0.5")),  # addresses not probed: unchecked
@@ -391,8 +390,8 @@ def test_machine_0_may_serve_on_its_own_address(machine, flags):
 
 @pytest.mark.parametrize("machine, address, expected", [
     (HOST, "10.0.0.5", "main_process_ip 10.0.0.5 is not an address of this machine"),
-    (dataclasses.replace(HOST, name_lookup=("elsewhere", ("10.0.0.5",))), "elsewhere", "elsewhere is not an address"),
-    (dataclasses.replace(HOST, name_lookup=("nowhere", ())), "nowhere", "nowhere does not resolve"),
+    (HOST._replace(name_lookup=("elsewhere", ("10.0.0.5",))), "elsewhere", "elsewhere is not an address"),
+    (HOST._replace(name_lookup=("nowhere", ())), "nowhere", "nowhere does not resolve"),
 ])
 def test_machine_0_refuses_an_address_that_is_not_its_own(machine, address, expected):
     request = LaunchRequest("train.py", **TWO_MACHINES, main_process_ip=address)

@@ -4,7 +4,6 @@ what may pause a run on a Mac (no caffeinate on PATH, a laptop on its battery)."
 
 from __future__ import annotations
 
-import dataclasses
 
 from conftest import MACHINES
 from mpslaunch.plan import resolve
@@ -15,8 +14,8 @@ def plan_on(machine, profile: Profile | None = None, **flags):
     return resolve(profile or Profile(), LaunchRequest("train.py", (), **flags), machine, {})
 
 
-M2_OLD = dataclasses.replace(MACHINES["m2_macos15"], torch_version="2.12.1", accelerate_version="1.10.1")
-M4 = dataclasses.replace(MACHINES["m4_macos15"], accelerate_version="1.15.0")
+M2_OLD = MACHINES["m2_macos15"]._replace(torch_version="2.12.1", accelerate_version="1.10.1")
+M4 = MACHINES["m4_macos15"]._replace(accelerate_version="1.15.0")
 
 
 def test_a_plan_carries_one_warning_per_fault_it_meets():
@@ -37,7 +36,7 @@ def test_a_current_mac_meets_none_and_the_cpu_plan_none_of_mps():
 
 
 def test_without_caffeinate_the_plan_does_not_say_kept_awake():
-    without = dataclasses.replace(M4, caffeinate=False)
+    without = M4._replace(caffeinate=False)
     plan = plan_on(without)
     assert not plan.keep_awake and "kept awake" not in plan.summary()
     assert plan.warnings == ("caffeinate is not on PATH (it is /usr/bin/caffeinate), so nothing "
@@ -51,17 +50,17 @@ def test_without_caffeinate_the_plan_does_not_say_kept_awake():
 
 
 def test_on_battery_the_plan_says_closing_the_lid_pauses_the_run():
-    laptop = dataclasses.replace(M4, on_battery=True)
+    laptop = M4._replace(on_battery=True)
     plan = plan_on(laptop)
     assert plan.keep_awake and plan.warnings == (
         "this Mac runs on its battery: closing the lid sleeps it and pauses the run; keep_awake: "
         "false in the profile (or --no_keep_awake) silences this",)
     assert plan_on(laptop, keep_awake=False).warnings == ()
     assert plan_on(laptop, profile=Profile(keep_awake=False)).warnings == ()
-    assert plan_on(dataclasses.replace(M4, on_battery=False)).warnings == ()
-    assert plan_on(dataclasses.replace(M4, on_battery=None)).warnings == ()  # pmset gave no answer
+    assert plan_on(M4._replace(on_battery=False)).warnings == ()
+    assert plan_on(M4._replace(on_battery=None)).warnings == ()  # pmset gave no answer
 
 
 def test_off_a_mac_nothing_about_sleep():
-    linux = dataclasses.replace(MACHINES["linux_1gpu"], caffeinate=False, on_battery=True)
+    linux = MACHINES["linux_1gpu"]._replace(caffeinate=False, on_battery=True)
     assert plan_on(linux).warnings == () and not plan_on(linux).keep_awake

@@ -3,8 +3,6 @@ child's environment, and torch.compile on mps refused with a torch that cannot c
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from conftest import MACHINES
@@ -88,7 +86,7 @@ def test_dynamo_on_mps_with_an_old_torch_is_refused_with_the_version_to_install(
 
 
 def test_dynamo_on_mps_with_torch_2_7_is_refused_and_2_8_runs():
-    seven = replace(MACHINES["m1_macos13_torch2.8"], torch_version="2.7.1")
+    seven = MACHINES["m1_macos13_torch2.8"]._replace(torch_version="2.7.1")
     with pytest.raises(MpslaunchError, match=r"compiles for mps from torch 2\.8 and this is torch 2\.7\.1"):
         resolve(Profile(), LaunchRequest("train.py", dynamo_backend="inductor"), seven, {})
     plan = plan_for("m1_macos13_torch2.8", dynamo_backend="inductor")

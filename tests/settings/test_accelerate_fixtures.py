@@ -9,7 +9,6 @@ mpslaunch refuses is refused in one line naming the key, exit 2, with no traceba
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -257,8 +256,8 @@ def test_warnings_are_one_line_each_and_only_where_expected(name):
 def described(monkeypatch, machine: Machine) -> None:
     """The CLI's probe answers for `machine`; machine 0 owns the main address 10.0.0.1."""
     monkeypatch.setattr(machine_probe, "probe", lambda: machine)
-    monkeypatch.setattr(machine_probe, "with_addresses", lambda m, ip: dataclasses.replace(
-        m, addresses=("127.0.0.1", "10.0.0.1")))
+    monkeypatch.setattr(machine_probe, "with_addresses", lambda m, ip: m._replace(
+        addresses=("127.0.0.1", "10.0.0.1")))
 
 
 @pytest.mark.parametrize("name", sorted(PLANNED))

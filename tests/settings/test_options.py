@@ -3,8 +3,6 @@ the launch parser, LaunchOptions, mpslaunch.launch(), the profile and its checks
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from mpslaunch import commands as cli
@@ -27,9 +25,9 @@ def test_each_option_is_where_the_table_says_and_nowhere_else(option):
             assert actions[option.short] is actions[option.spelling]
     else:
         assert f"--{option.name}" not in actions
-    assert (option.name in {f.name for f in dataclasses.fields(LaunchOptions)}) == option.request
+    assert (option.name in LaunchOptions._fields) == option.request
     assert (option.name in api.OPTIONS) == option.request
-    profile_fields = {f.name: f.default for f in dataclasses.fields(Profile)}
+    profile_fields = Profile._field_defaults
     assert (option.name in profile_fields) == option.profile
     if option.profile:
         assert profile_fields[option.name] == option.default
@@ -54,19 +52,17 @@ def test_a_flag_refuses_what_its_profile_key_refuses_in_the_same_words(option):
     (LaunchOptions, REQUEST_OPTIONS, lambda option: option.request_default),
     (Profile, PROFILE_OPTIONS, lambda option: option.default),
 ], ids=["LaunchOptions", "Profile"])
-def test_the_dataclasses_are_the_table_written_out(written, options, default):
+def test_the_records_are_the_table_written_out(written, options, default):
     """Each field in the table's order, with the option's type (or None when not given) and
-    default: an option added to the table and not to the dataclass (or the other way) fails."""
-    fields = dataclasses.fields(written)
-    assert [field.name for field in fields] == [option.name for option in options]
-    for field, option in zip(fields, options):
+    default: an option added to the table and not to the record (or the other way) fails."""
+    assert list(written._fields) == [option.name for option in options]
+    for name, option in zip(written._fields, options):
         kind = option.kind.__name__ + (" | None" if default(option) is None else "")
-        assert (field.name, field.type, field.default) == (option.name, kind, default(option))
+        assert (written.__annotations__[name], written._field_defaults[name]) == (kind, default(option))
 
 
 def test_a_request_is_its_options_then_what_to_run():
-    names = [field.name for field in dataclasses.fields(LaunchRequest)]
-    assert names == [field.name for field in dataclasses.fields(LaunchOptions)] + ["target", "target_args"]
+    assert LaunchRequest._fields == (*LaunchOptions._fields, "target", "target_args")
     request = LaunchRequest("train.py", ("--epochs", "1"), cpu=True)
     assert (request.target, request.target_args, request.cpu, request.device) == \
         ("train.py", ("--epochs", "1"), True, None)

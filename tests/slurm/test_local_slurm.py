@@ -19,11 +19,11 @@ pytestmark = pytest.mark.slurm
 
 # Prints what machine/slurm.py reads in this process's environment, as one JSON line.
 READ_SLURM = """
-import dataclasses, json, os
+import json, os
 from mpslaunch.machine import slurm_allocation, slurm_step
 step, allocation = slurm_step(os.environ), slurm_allocation(os.environ)
-print(json.dumps({"step": step and dataclasses.asdict(step),
-                  "allocation": allocation and dataclasses.asdict(allocation)}))
+print(json.dumps({"step": step and step._asdict(),
+                  "allocation": allocation and allocation._asdict()}))
 """
 
 

@@ -9,14 +9,14 @@ runs: a launch that reads kept findings (cache.py) needs neither.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from mpslaunch import lazy_names
 from mpslaunch.check.report import Finding, Report, ordered
 from mpslaunch.check.target import Target, described_target
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from mpslaunch.check.reading import Sources
 
 __all__ = ["Finding", "Report", "Target", "check_script", "described_target"]

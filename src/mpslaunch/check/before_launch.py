@@ -6,14 +6,11 @@ during the check stops the launch before anything runs."""
 from __future__ import annotations
 
 import os
-import shlex
-from pathlib import Path
 
-from mpslaunch import output
+from mpslaunch import output, user_folder
 from mpslaunch.check import cache, check_sources
 from mpslaunch.check.target import Target
 from mpslaunch.output import MpslaunchError
-from mpslaunch.machine import cache_dir
 from mpslaunch.settings import folder_main
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
@@ -33,28 +30,30 @@ def warn(request: LaunchRequest, plan: LaunchPlan) -> None:
     script with a problem Python reports itself (a syntax error) is left to Python."""
     if request.module or request.no_python:
         return
-    script = Path(folder_main(request.target) or request.target)  # `python app/` runs its __main__.py
-    if script.suffix != ".py":
+    script = folder_main(request.target) or request.target  # `python app/` runs its __main__.py
+    if os.path.splitext(script)[1] != ".py":
         return
     target = Target(plan.device, plan.world_size, os.uname().sysname)  # the plan is this machine's
     try:
-        kept = _findings(script, target, cache_dir())
+        kept = _findings(script, target, user_folder("cache"))
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted while checking {request.target}; nothing ran") from None
     except MpslaunchError as error:
         _not_checked(error)
         return
     command = ["mpslaunch", "check", *_plan_options(request, plan), request.target]
-    for line in _warnings(kept, shlex.join(command)):
+    for line in _warnings(kept, command):
         output.warning(line)
 
 
-def _findings(script: Path, target: Target, folder: Path) -> cache.Kept:
+def _findings(script: str, target: Target, folder: str) -> cache.Kept:
     kept = cache.read(script, target, folder)
     if kept is None:
+        from pathlib import Path
+
         from mpslaunch.check.reading import read_sources
 
-        sources = read_sources(script, whole=False)
+        sources = read_sources(Path(script), whole=False)
         kept = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target),
                           folder, sources.listed)
     return kept
@@ -68,12 +67,14 @@ def _not_checked(error: MpslaunchError) -> None:
         output.warning(f"{error.shown} was not checked: {error.reason}")
 
 
-def _warnings(kept: cache.Kept, command: str) -> list[str]:
+def _warnings(kept: cache.Kept, command: list[str]) -> list[str]:
     """The first findings, and the command that shows them all."""
     lines = [finding.line_text() for finding in kept.findings]
     rest = kept.count - len(kept.findings)
     if rest > 0:
-        lines.append(f"{rest} more: {command}")
+        import shlex  # only when there are more
+
+        lines.append(f"{rest} more: {shlex.join(command)}")
     return lines
 
 

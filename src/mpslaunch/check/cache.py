@@ -15,15 +15,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
-from mpslaunch import __version__
+from mpslaunch import __version__, record
 from mpslaunch.check import registry
 from mpslaunch.check.fingerprint import digest, listing
 from mpslaunch.check.report import Finding, Report
 from mpslaunch.check.target import Target
 from mpslaunch.settings import current_folder, open_regular
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ENTRIES = "script-checks"  # the folder of entries, in the cache folder
 SHOWN = 5  # the findings launch shows; the others are only counted
@@ -31,23 +33,23 @@ MOST_ENTRIES = 256  # past this, the entries written longest ago go
 MOST_BYTES = 4_000_000  # more than the check reads of a file: a file that grew past it changed
 
 
-@dataclass(frozen=True)
+@record
 class Kept:
     findings: tuple[Finding, ...]  # the first SHOWN, in the report's order
     count: int  # all of them
 
 
-def key(script: Path, target: Target) -> str:
+def key(script: str | Path, target: Target) -> str:
     """Findings name files relative to the working folder, so it is part of the key."""
     return (f"{__version__} | {registry.digest()} | {current_folder()} | {os.path.realpath(script)} "
             f"| {target}")
 
 
-def read(script: Path, target: Target, folder: Path) -> Kept | None:
+def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
     """The kept findings, or None when there are none, a file read changed or the entry is damaged."""
     wanted = key(script, target)
     try:
-        with open(open_regular(folder / ENTRIES / _name(wanted)), "rb") as file:
+        with open(open_regular(os.path.join(folder, ENTRIES, _name(wanted))), "rb") as file:
             entry = json.loads(file.read())
         if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"], entry["listed"]):
             return None
@@ -60,15 +62,17 @@ def read(script: Path, target: Target, folder: Path) -> Kept | None:
         return None  # no entry, or one of another shape: checked again, then rewritten
 
 
-def save(script: Path, target: Target, read: list[tuple[str, str]], absent: tuple[str, ...],
-         report: Report, folder: Path, listed: tuple[str, str] | None = None) -> Kept:
+def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent: tuple[str, ...],
+         report: Report, folder: str | Path, listed: tuple[str, str] | None = None) -> Kept:
     """Keep the findings of `report`, made from the files `read` (path, digest) while the files
     `absent` were not there (and the folder `listed` held the same scripts); returns what is kept."""
     kept = Kept(report.findings[:SHOWN], len(report.findings))
     entry = {"key": key(script, target), "read": [list(pair) for pair in read], "absent": list(absent),
              "listed": list(listed) if listed else None,
-             "findings": [asdict(finding) for finding in kept.findings], "count": kept.count}
-    entries = folder / ENTRIES
+             "findings": [finding._asdict() for finding in kept.findings], "count": kept.count}
+    from pathlib import Path  # only when a check ran: a launch that reads findings needs none
+
+    entries = Path(folder, ENTRIES)
     try:
         entries.mkdir(parents=True, exist_ok=True)
         _write(entries / _name(entry["key"]), json.dumps(entry))
@@ -103,7 +107,7 @@ _TEXT = ("file", "rule", "message", "fix")
 
 def _finding(item: dict) -> Finding:
     """A kept finding, checked field by field: a damaged one raises ValueError."""
-    if set(item) != {field.name for field in fields(Finding)}:
+    if set(item) != set(Finding._fields):
         raise ValueError("another shape")
     if (any(type(item[name]) is not str for name in _TEXT) or type(item["line"]) is not int
             or type(item["breaks"]) is not bool

@@ -12,7 +12,7 @@ import ast
 import bisect
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mpslaunch.check.report import Finding
 from mpslaunch.output import MpslaunchError
@@ -44,7 +44,7 @@ def in_cells(findings: list[Finding], shown: str, code: NotebookCode) -> list[Fi
             named.append(finding)  # in a module the notebook imports
         elif finding.rule not in NOT_IN_A_NOTEBOOK:
             number, line = code.where(finding.line)
-            named.append(replace(finding, file=f"{shown}:cell_{number}", line=line))
+            named.append(finding._replace(file=f"{shown}:cell_{number}", line=line))
     return named
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
+from mpslaunch import record
 from mpslaunch.check.target import Target
 from mpslaunch.output import one_line
 
 FALLBACK = "cpu-fallback"  # the rule whose findings come first
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     file: str
     line: int
@@ -24,7 +23,7 @@ class Finding:
         return f"{self.file}:{self.line}: {self.message}; {self.fix}"
 
 
-@dataclass(frozen=True)
+@record
 class Report:
     target: Target
     files: tuple[str, ...]  # the files read, the script first
@@ -59,8 +58,8 @@ def as_text(report: Report) -> str:
 def as_json(report: Report) -> str:
     import json  # only for --json
 
-    target = asdict(report.target)
+    target = report.target._asdict()
     target["start_method"] = report.target.start_method
     return json.dumps({"plan": target, "files": list(report.files), "skipped": list(report.skipped),
-                       "findings": [asdict(finding) for finding in report.findings]}, indent=2)
+                       "findings": [finding._asdict() for finding in report.findings]}, indent=2)
 

@@ -7,10 +7,11 @@ from a Linux machine), so nothing here probes the machine.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+
+from mpslaunch import record
 
 
-@dataclass(frozen=True)
+@record
 class Target:
     device: str  # "mps", "cuda" or "cpu"
     processes: int  # on all machines

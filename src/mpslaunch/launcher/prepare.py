@@ -8,7 +8,6 @@ child; later ones read the cached verdict.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from collections.abc import Mapping
@@ -86,7 +85,7 @@ def _in_cluster(plan: LaunchPlan) -> LaunchPlan:
     config = machine_probe.slurm_config()
     place, warnings = with_slurm_config(plan.cluster, plan.grace_period, config.kill_wait,
                                         config.proctrack)
-    return dataclasses.replace(plan, cluster=place, warnings=plan.warnings + warnings)
+    return plan._replace(cluster=place, warnings=plan.warnings + warnings)
 
 
 def _check_log_dir(plan: LaunchPlan) -> None:

@@ -3,7 +3,8 @@ child Python and kept per Python, torch and macOS build (torch_check.py), and it
 network (network.py), the memory its control group leaves a run (limits.py); on a Mac, what keeps it
 awake and its power source (power.py); the SLURM job and step it runs in, read from the
 environment (slurm.py). Probed with the standard library only: the launcher never imports torch.
-Tests describe other computers as `Machine` values. torch's verdict is imported on first use.
+Tests describe other computers as `Machine` values. torch's verdict, the power source and the
+SLURM reader are imported on first use; a launch outside SLURM only asks `slurm_seen`.
 """
 
 from mpslaunch import lazy_names
@@ -13,13 +14,18 @@ from mpslaunch.machine.facts import (Machine, available_memory, cpu_brand, memor
 from mpslaunch.machine.limits import memory_limit_left
 from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, loopback_interface,
                                        plain_address, with_addresses, with_own_name)
-from mpslaunch.machine.slurm import (MAX_NODES, SlurmAllocation, SlurmConfig, SlurmStep,
-                                     SlurmVariableError, config_from_text, expand_hostlist,
-                                     expand_tasks_per_node, in_slurm_step, kill_wait_from_config,
-                                     kill_wait_seconds, slurm_allocation, slurm_config, slurm_step)
 
 __getattr__ = lazy_names(__name__, {
-    "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "cache_dir", "is_torchs_own",
-                    "run_torch_check"),
+    "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "is_torchs_own", "run_torch_check"),
     "power": ("CAFFEINATE",),
+    "slurm": ("MAX_NODES", "SlurmAllocation", "SlurmConfig", "SlurmStep", "SlurmVariableError",
+              "config_from_text", "expand_hostlist", "expand_tasks_per_node", "in_slurm_step",
+              "kill_wait_from_config", "kill_wait_seconds", "slurm_allocation", "slurm_config",
+              "slurm_step"),
 })
+
+
+def slurm_seen(environ) -> bool:
+    """SLURM set some of its variables here (every job and step it starts has SLURM_JOB_ID):
+    only then is there a step or a job for slurm.py to read."""
+    return any(name.startswith("SLURM_") for name in environ)

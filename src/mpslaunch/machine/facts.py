@@ -13,7 +13,8 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+
+from mpslaunch import record
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ _MAC_SYSCTLS = ("kern.osproductversion", "kern.osversion", "machdep.cpu.brand_st
                 "kern.hv_vmm_present", "sysctl.proc_translated")
 
 
-@dataclass(frozen=True)
+@record
 class Machine:
     system: str  # platform.system(): "Darwin", "Linux", "Windows"
     arch: str  # platform.machine() of this Python: "arm64", "x86_64", "aarch64"
@@ -86,7 +87,7 @@ def probe() -> Machine:
         return machine
     from mpslaunch.machine import torch_check
 
-    return replace(machine, mps_answer=torch_check.read_cached(key))
+    return machine._replace(mps_answer=torch_check.read_cached(key))
 
 
 def verify_mps(machine: Machine, timeout: float) -> Machine:
@@ -108,7 +109,7 @@ def with_torch_facts(machine: Machine, facts: dict) -> Machine:
     key = mps_cache_key(machine)
     if key and torch_check.is_torchs_own(facts):
         torch_check.save(key, answer)
-    return replace(machine, mps_answer=answer)
+    return machine._replace(mps_answer=answer)
 
 
 def mps_cache_key(machine: Machine) -> str | None:
@@ -235,12 +236,9 @@ def _torch_build_facts() -> dict[str, str]:
 
 def _sleep_facts() -> dict:
     """macOS: whether caffeinate is on PATH, and whether the Mac runs on its battery."""
-    import shutil
-
     from mpslaunch.machine import power
 
-    return {"caffeinate": shutil.which(power.CAFFEINATE) is not None,
-            "on_battery": power.on_battery()}
+    return {"caffeinate": power.caffeinate_on_path(), "on_battery": power.on_battery()}
 
 
 def _accelerate_version() -> str | None:

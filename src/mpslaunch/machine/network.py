@@ -5,7 +5,6 @@ are looked up as the system resolves them. psutil and socket are imported only w
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from mpslaunch.machine.facts import Machine
@@ -23,7 +22,7 @@ def with_addresses(machine: Machine, main_address: str) -> Machine:
     and a name is looked up as the system resolves it."""
     known = machine.addresses if machine.addresses is not None else interface_addresses()
     lookup = None if plain_address(main_address) else (main_address, resolved_addresses(main_address))
-    return dataclasses.replace(machine, addresses=known, name_lookup=lookup)
+    return machine._replace(addresses=known, name_lookup=lookup)
 
 
 def with_own_name(machine: Machine) -> Machine:
@@ -31,7 +30,7 @@ def with_own_name(machine: Machine) -> Machine:
     import socket
 
     name = socket.gethostname()
-    return dataclasses.replace(machine, own_name=(name, resolved_addresses(name)))
+    return machine._replace(own_name=(name, resolved_addresses(name)))
 
 
 def interface_addresses() -> tuple[str, ...]:

@@ -7,13 +7,24 @@ line names the power source: "Now drawing from 'Battery Power'" or "... 'AC Powe
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
 CAFFEINATE = "caffeinate"
 PMSET = "pmset"
 _TIMEOUT_SECONDS = 2.0
-_SOURCE = re.compile(r"Now drawing from '([^']+)'")
+_SOURCE = r"Now drawing from '([^']+)'"  # compiled (and kept by re) when pmset answers
+
+
+def caffeinate_on_path() -> bool:
+    """caffeinate is an executable file in a folder of PATH, where starting it will find it.
+    (shutil.which would do, but shutil imports the archive modules at every launch on a Mac.)"""
+    for folder in os.get_exec_path():
+        path = os.path.join(folder, CAFFEINATE)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return True
+    return False
 
 
 def on_battery() -> bool | None:
@@ -30,5 +41,5 @@ def on_battery() -> bool | None:
 def power_source_is_battery(text: str) -> bool | None:
     """pmset -g batt's answer -> True for 'Battery Power', False for any other source, None
     when it names none."""
-    found = _SOURCE.search(text)
+    found = re.search(_SOURCE, text)
     return None if found is None else found.group(1) == "Battery Power"

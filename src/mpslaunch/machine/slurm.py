@@ -6,22 +6,24 @@ Standard library only; only `kill_wait_seconds` starts a process (scontrol), whe
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import re
 from collections.abc import Mapping
 
+from mpslaunch import record
+
 # SLURM's own hostlist refuses a range of more than 65,536 names; a whole list past that is
 # refused here too, before anything is expanded.
 MAX_NODES = 65_536
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
-_TASK_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+# Patterns, compiled (and kept by re) when first used: a launch outside SLURM uses none.
+_RANGE = r"(\d+)(?:-(\d+))?"
+_BRACKETS = r"\[([^\[\]]*)\]"
+_TASK_COUNT = r"(\d+)(?:\(x(\d+)\))?"
 # A component after the first: SLURM 22.05 also sets SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0 in the
 # steps of an ordinary batch job (measured), so component 0 alone says nothing.
-_HETEROGENEOUS = re.compile(r"SLURM_\w+_(HET|PACK)_GROUP_([1-9]\d*)")
+_HETEROGENEOUS = r"SLURM_\w+_(HET|PACK)_GROUP_([1-9]\d*)"
 
 
 class SlurmVariableError(ValueError):
@@ -78,14 +80,14 @@ def _name_parts(expression: str, text: str) -> list[_Part]:
     if "[" in expression and not expression.endswith("]"):
         raise ValueError(f"the node list {text!r} has text after the last bracket of "
                          f"{expression!r}, which SLURM does not read")
-    pieces = _BRACKETS.split(expression)  # bracket contents at the odd places
+    pieces = re.split(_BRACKETS, expression)  # bracket contents at the odd places
     return [_ranges(piece, text) if index % 2 else piece for index, piece in enumerate(pieces)]
 
 
 def _ranges(group: str, text: str) -> tuple[tuple[int, int, int], ...]:
     ranges = []
     for item in group.split(","):
-        match = _RANGE.fullmatch(item)
+        match = re.fullmatch(_RANGE, item)
         if not match:
             raise ValueError(f"the node list {text!r} has {item!r} in brackets, not a number or a range")
         first, last = match.group(1), match.group(2) or match.group(1)
@@ -109,7 +111,7 @@ def expand_tasks_per_node(text: str) -> tuple[int, ...]:
     """SLURM's tasks-per-node count, one number per node: `2(x3),1` is (2, 2, 2, 1)."""
     counts: list[int] = []
     for item in text.split(","):
-        match = _TASK_COUNT.fullmatch(item.strip())
+        match = re.fullmatch(_TASK_COUNT, item.strip())
         if not match:
             raise ValueError(f"cannot read the tasks per node {text!r}: {item!r} is not N or N(xM)")
         repeat = int(match.group(2) or 1)
@@ -121,7 +123,7 @@ def expand_tasks_per_node(text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class SlurmStep:
     """The srun step this task runs in, from the step's own variables (a job's variables such as
     SLURM_NNODES or SLURM_NTASKS describe the allocation, not the step). `nodes` is empty when
@@ -172,7 +174,7 @@ class SlurmStep:
                 + ("; heterogeneous" if self.heterogeneous else ""))
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class SlurmAllocation:
     """A SLURM job seen from outside any srun step: its batch script, or an salloc shell. Its
     numbers are None when SLURM did not set them (`sbatch -N2` without a task count sets no
@@ -221,7 +223,7 @@ def slurm_step(environ: Mapping[str, str]) -> SlurmStep | None:
         node_name=environ.get("SLURMD_NODENAME", ""), heterogeneous=_heterogeneous(environ),
         pty="SLURM_PTY_PORT" in environ)
     _check_counts(step)
-    return dataclasses.replace(step, **_expanded_nodes(step))
+    return step._replace(**_expanded_nodes(step))
 
 
 def slurm_allocation(environ: Mapping[str, str]) -> SlurmAllocation | None:
@@ -269,7 +271,7 @@ def _heterogeneous(environ: Mapping[str, str]) -> bool:
     one set of variables per component (`SLURM_JOB_NODELIST_HET_GROUP_1`); an ordinary job may
     have component 0's."""
     return ("SLURM_HET_SIZE" in environ or "SLURM_PACK_SIZE" in environ
-            or any(_HETEROGENEOUS.fullmatch(name) for name in environ))
+            or any(re.fullmatch(_HETEROGENEOUS, name) for name in environ))
 
 
 def _check_counts(step: SlurmStep) -> None:
@@ -304,11 +306,11 @@ def _expanded_nodes(step: SlurmStep) -> dict:
     return {"nodes": nodes}
 
 
-_KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+) sec", re.MULTILINE)
-_PROCTRACK = re.compile(r"^ProctrackType\s*=\s*(\S+)", re.MULTILINE)
+_KILL_WAIT = r"^KillWait\s*=\s*(\d+) sec"
+_PROCTRACK = r"^ProctrackType\s*=\s*(\S+)"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class SlurmConfig:
     """What the cluster's controller says of how it stops a job; None where it did not say."""
 
@@ -324,7 +326,8 @@ def kill_wait_from_config(text: str) -> int | None:
 
 def config_from_text(text: str) -> SlurmConfig:
     """KillWait and ProctrackType from `scontrol show config`'s text."""
-    kill_wait, proctrack = _KILL_WAIT.search(text), _PROCTRACK.search(text)
+    kill_wait = re.search(_KILL_WAIT, text, re.MULTILINE)
+    proctrack = re.search(_PROCTRACK, text, re.MULTILINE)
     return SlurmConfig(int(kill_wait.group(1)) if kill_wait else None,
                        proctrack.group(1) if proctrack else None)
 

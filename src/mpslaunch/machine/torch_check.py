@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+
+from mpslaunch import record, user_folder
 
 CHECK_TIMEOUT_SECONDS = 20.0
 CACHE_FILE = "mps-check.json"
@@ -111,7 +112,7 @@ def is_torchs_own(facts: dict) -> bool:
 # ---------------------------------------------------------------- the verdict
 
 
-@dataclass(frozen=True)
+@record
 class MpsAnswer:
     """Whether torch can train on mps here, in torch's words, and what to do if not."""
 
@@ -162,17 +163,6 @@ def _why_not(facts: dict) -> tuple[str | None, str]:
 # ---------------------------------------------------------------- the cache
 
 
-def cache_dir() -> Path:
-    from pathlib import Path  # only with a cache to read: not on a Linux launch
-
-    override = os.environ.get("MPSLAUNCH_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    import platformdirs  # only on a Mac with torch: Linux launches never read the cache
-
-    return Path(platformdirs.user_cache_dir("mpslaunch", appauthor=False))
-
-
 def cache_key(python: str, torch_version: str, os_build: str) -> str:
     return f"{python} | torch {torch_version} | build {os_build}"
 
@@ -191,9 +181,11 @@ def save(key: str, answer: MpsAnswer) -> None:
     import json
 
     entries = {name: value for name, value in _read_entries().items() if name != key}
-    entries[key] = asdict(answer)
+    entries[key] = answer._asdict()
     kept = dict(list(entries.items())[-_CACHE_ENTRIES:])
-    folder = cache_dir()
+    from pathlib import Path
+
+    folder = Path(user_folder("cache"))
     partial = folder / f".{CACHE_FILE}.{os.getpid()}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -210,7 +202,8 @@ def _read_entries() -> dict:
     import json
 
     try:
-        entries = json.loads((cache_dir() / CACHE_FILE).read_text(encoding="utf-8"))
+        with open(os.path.join(user_folder("cache"), CACHE_FILE), encoding="utf-8") as file:
+            entries = json.loads(file.read())
     except (OSError, ValueError):
         return {}
     return entries if isinstance(entries, dict) else {}

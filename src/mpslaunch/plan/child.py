@@ -6,7 +6,6 @@ variables and notes for Accelerate's own launch options. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
@@ -144,7 +143,7 @@ def with_gpu_ids(machine: Machine, settings: Settings, environ: Mapping[str, str
         raise MpslaunchError(f"{source} names GPUs this machine does not have, or one "
                              f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
                              f"(numbers 0 to {count - 1})")
-    return replace(machine, cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
+    return machine._replace(cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
 
 
 def check_multi_gpu(options: LaunchOptions, settings: Profile, device: str) -> None:

@@ -9,8 +9,9 @@ are in device.py, processes.py and child.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from mpslaunch import record
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
 from mpslaunch.plan.child import (accelerate_environment, accelerate_notes,
@@ -27,7 +28,7 @@ from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, DEFAULT_PORT, LaunchOptio
                                 merge, options_layer, profile_layer, request_problem)
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     """What runs where, for any target: the device, the settings, the engine, the variables.
     Each setting is read in one place, `settings` (with where it came from); `device` is the
@@ -40,12 +41,12 @@ class Decision:
     # Every profile key after the layers: num_processes (on this machine: the count, one per GPU
     # when none was given), num_machines, mixed_precision, machine_rank, the main address, ...
     settings: Settings
-    warnings: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = ()
     one_per_gpu: bool = False  # num_processes was not given, so every visible GPU gets a process
     accelerate_notes: tuple[str, ...] = ()  # what each of Accelerate's options became
-    replaced: Mapping[str, str] = field(default_factory=dict)  # the user's values that env overrides
+    replaced: Mapping[str, str] = MappingProxyType({})  # the user's values that env overrides
     keep_awake: bool = False  # macOS: caffeinate holds off idle sleep while the run lasts
-    removed: Mapping[str, str] = field(default_factory=dict)  # another launcher's, kept from the child
+    removed: Mapping[str, str] = MappingProxyType({})  # another launcher's, kept from the child
     # The SLURM step this launcher runs in (plan/slurm.py); in rank mode, SLURM started the ranks
     # and this launcher runs one of them, as its one child.
     cluster: Place | None = None
@@ -80,16 +81,19 @@ class Decision:
         return line + (f"; {self.cluster.line(self.settings)}" if self.cluster else "")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class LaunchPlan(Decision):
-    """A decision, and the command that runs the target with it."""
+    """A decision, and the command that runs the target with it; made by name only."""
 
-    command: tuple[str, ...]  # what each process runs: python script.py args...
+    command: tuple[str, ...] = ()  # what each process runs: python script.py args...
     log_dir: str | None = None
     monitor_interval: float | None = None  # torchrun's --monitor-interval; None: ours
     no_python: bool = False  # command[0] is the target itself
     grace_period: float = DEFAULT_GRACE_SECONDS  # after Ctrl-C or SIGTERM, before the kill
     mps_verdict: str | None = None  # on a Mac: torch's answer about mps, for --dry_run
+
+    def __new__(cls, *, command: tuple[str, ...], **fields: object):
+        return super().__new__(cls, command=command, **fields)
 
     def summary(self) -> str:
         """The one line printed before the child starts."""
@@ -241,7 +245,7 @@ def for_target(decision: Decision, request: LaunchRequest, machine: Machine) -> 
     if request.no_python and request.module:
         raise MpslaunchError("-m and --no_python cannot be used together: -m runs a module with "
                              "python; give one of them")
-    decided = {name: getattr(decision, name) for name in Decision.__dataclass_fields__}
+    decided = decision._asdict()
     if request.no_python:
         decided["accelerate_notes"] += (f"--no_python: each process runs {request.target} "
                                         "itself, not with python",)

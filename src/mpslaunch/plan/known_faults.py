@@ -10,14 +10,14 @@ guessed. A row says what the fault does and what to change.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from mpslaunch import record
 from mpslaunch.machine import version_tuple
 
 ANY_PRECISION = frozenset({"no", "fp16", "bf16"})
 
 
-@dataclass(frozen=True)
+@record
 class KnownFault:
     name: str
     warning: str  # {torch} and {accelerate} stand for the versions in use

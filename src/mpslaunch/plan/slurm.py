@@ -21,10 +21,13 @@ from __future__ import annotations
 from collections import namedtuple
 from collections.abc import Mapping
 
-from mpslaunch.machine import (Machine, SlurmAllocation, SlurmStep, SlurmVariableError, endpoint,
-                               slurm_allocation, slurm_step)
+from mpslaunch.machine import Machine, endpoint, slurm_seen
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import CLUSTER, DEFAULT, DEFAULT_PORT, Layer, Settings
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
+if TYPE_CHECKING:
+    from mpslaunch.machine import SlurmAllocation, SlurmStep
 
 SLURM = "SLURM"
 IGNORE = "give --no_slurm to ignore SLURM"
@@ -76,8 +79,10 @@ def slurm_cluster(user: Settings, environ: Mapping[str, str]) -> Cluster:
     """The cluster of the srun step this launcher runs in, given what the user's layers say
     (`slurm: false` or --no_slurm ignores SLURM; a main address given where SLURM's node list
     cannot be read). NO_CLUSTER outside a step; MpslaunchError for what SLURM cannot run."""
-    if not user.slurm:
+    if not user.slurm or not slurm_seen(environ):
         return NO_CLUSTER
+    from mpslaunch.machine import SlurmVariableError, slurm_allocation, slurm_step
+
     try:
         step = slurm_step(environ)
     except SlurmVariableError as error:

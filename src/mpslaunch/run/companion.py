@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from mpslaunch import output
+from mpslaunch import output, record
 from mpslaunch.run import summary
 from mpslaunch.run.awake import kept_awake
 
 
-@dataclass(frozen=True)
+@record
 class Watch:
     keep_awake: bool  # the plan's: macOS, unless keep_awake: false or --no_keep_awake
     device: str

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
-from mpslaunch import machine
+from mpslaunch import machine, record
 
 SAMPLE_SECONDS = 5.0
 WARN_EVERY_SECONDS = 300.0
@@ -32,7 +31,7 @@ LOW_AVAILABLE = 0.10  # share of the memory still available
 MACOS_WARNING, MACOS_CRITICAL = 2, 4  # kern.memorystatus_vm_pressure_level
 
 
-@dataclass(frozen=True)
+@record
 class Reading:
     at: float  # time.monotonic() of the reading
     available: int  # bytes a new allocation can use

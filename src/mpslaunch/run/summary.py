@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterable
 
 from mpslaunch import machine
-from mpslaunch.run import footprint
 
 RESIDENT = "resident"  # Linux: VmHWM and the children's ru_maxrss
 FOOTPRINT = "footprint"  # macOS: the peak physical footprint, GPU memory included
@@ -50,17 +49,29 @@ class PeakTracker:
 
     def __init__(self, processes: Callable[[], Iterable[int]], footprints=None):
         self.processes = processes
-        on_mac = os.uname().sysname == "Darwin"
-        self.footprints = footprints or (footprint.reader() if on_mac else None)
-        if self.footprints is not None and self.footprints.available:
-            self.measure = FOOTPRINT
-        else:
-            self.measure = RESIDENT_ON_MAC if on_mac else RESIDENT
+        self.footprints = footprints
+        self._measure: str | None = None
         self.peaks: dict[int, int] = {}
         self.largest_together = 0  # the most the processes alive at once held, summed
         self.rusage_before = largest_rss()
         self.known: list[int] = []
         self.asked_at = -self.REFRESH_SECONDS
+
+    @property
+    def measure(self) -> str:
+        """Decided at the first tick, after the script started: on macOS it loads libproc
+        through ctypes (footprint.py), which the start need not wait for."""
+        if self._measure is None:
+            on_mac = os.uname().sysname == "Darwin"
+            if self.footprints is None and on_mac:
+                from mpslaunch.run import footprint
+
+                self.footprints = footprint.reader()
+            if self.footprints is not None and self.footprints.available:
+                self._measure = FOOTPRINT
+            else:
+                self._measure = RESIDENT_ON_MAC if on_mac else RESIDENT
+        return self._measure
 
     def tick(self) -> None:
         if not self.known or time.monotonic() - self.asked_at >= self.REFRESH_SECONDS:

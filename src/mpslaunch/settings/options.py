@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable
+
+from mpslaunch import record
 
 PROFILE_VERSION = 1
 DEVICES = ("auto", "mps", "cuda", "cpu")
@@ -89,7 +90,7 @@ _TYPO = "far more than any machine or cluster has"
 # ---------------------------------------------------------------- the table
 
 
-@dataclass(frozen=True)
+@record
 class Option:
     """One launch option or profile key, as the parser, the request and the profile see it."""
 

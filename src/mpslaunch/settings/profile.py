@@ -8,15 +8,15 @@ tests/settings/test_options.py holds the fields to the table.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
+from mpslaunch import record
 from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT, cut
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Profile:
     """A profile: every key with its value."""
 
@@ -52,11 +52,11 @@ class Profile:
     keep_awake: bool = True
 
     def replace(self, **changes: object) -> Profile:
-        return dataclasses.replace(self, **changes)
+        return self._replace(**changes)
 
     def to_dict(self) -> dict[str, object]:
         """Every key and its value (only the profile's keys, from a Settings too)."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)}
+        return {name: getattr(self, name) for name in Profile._fields}
 
     def named(self, key: str) -> str:
         """The key and its value, as a message names them (Settings also says where from)."""
@@ -98,18 +98,19 @@ def unknown_keys_problem(keys: list[tuple[str, int]]) -> str | None:
     return f"{'; '.join(named)}; known keys: {', '.join(KNOWN_KEYS)}"
 
 
-# YAML 1.1 reads 8:20 as the base-60 number 500, and 010 as the octal number 8.
-_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
-_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+# YAML 1.1 reads 8:20 as the base-60 number 500, and 010 as the octal number 8. Compiled (and
+# kept by re) when a profile file is read: a launch without one needs neither.
+_BASE_60 = r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?"
+_OCTAL = r"[-+]?0[0-7_]+"
 
 
 def written_number_problem(text: str, value: object) -> str | None:
     """Why a number as the file spells it (`text`, unquoted) is not what a person means by it,
     though YAML reads it as `value`; None when it is."""
-    if _BASE_60.fullmatch(text):
+    if re.fullmatch(_BASE_60, text):
         return (f"is written {text}, which YAML reads as the base-60 number {value}; write the "
                 "number itself")
-    if _OCTAL.fullmatch(text) and text.lstrip("+-") != "0":
+    if re.fullmatch(_OCTAL, text) and text.lstrip("+-") != "0":
         return (f"is written {text}, which YAML reads as the octal number {value} (a leading 0); "
                 "write it without the 0")
     return None

@@ -14,8 +14,8 @@ import codecs
 import os
 import re
 import stat
-from dataclasses import dataclass, field
 
+from mpslaunch import record, user_folder
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME, cut
 from mpslaunch.settings.paths import missing_profile
@@ -31,16 +31,26 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 # ---------------------------------------------------------------- reading
 
 
-@dataclass(frozen=True)
+@record
 class ProfileFile:
     """A profile as read: its file (None: no file, the defaults apply), for a file that
     `accelerate config` wrote the translation it was read through, and the keys the file sets
-    (None: every key, as `mpslaunch config` writes them), which messages name by the file."""
+    (None: every key, as `mpslaunch config` writes them), which messages name by the file.
+    Two are equal when their profile, path and translation are: the keys only say how."""
 
     profile: Profile
     path: Path | None = None
     translation: Translation | None = None
-    keys: tuple[str, ...] | None = field(default=None, compare=False)
+    keys: tuple[str, ...] | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProfileFile) and self[:3] == other[:3]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[:3])
 
 
 def load(path: Path) -> Profile:
@@ -128,7 +138,7 @@ def _read_text(path: Path) -> str:
                                  "`mpslaunch config`")
         return _decode(data, path)
     except FileNotFoundError:
-        raise MpslaunchError(missing_profile(path, _config_folder())) from None
+        raise MpslaunchError(missing_profile(path, user_folder("config"))) from None
     except UnicodeDecodeError:
         raise MpslaunchError(f"{path} is not a text file; a profile is YAML text") from None
     except OSError as error:
@@ -294,16 +304,7 @@ def _fsync_folder(folder: Path) -> None:
 def config_dir() -> Path:
     from pathlib import Path
 
-    return Path(_config_folder())
-
-
-def _config_folder() -> str:
-    override = os.environ.get("MPSLAUNCH_CONFIG_DIR")
-    if override:
-        return os.path.expanduser(override)
-    import platformdirs  # only when needed: keeps `launch --config_file` light
-
-    return platformdirs.user_config_dir("mpslaunch", appauthor=False)
+    return Path(user_folder("config"))
 
 
 def profile_path(config_file: str | None = None, profile_name: str | None = None) -> Path:
@@ -346,6 +347,6 @@ def check_writable_place(path: Path) -> None:
 
 def read_active(config_file: str | None = None, profile_name: str | None = None) -> ProfileFile:
     """The profile in force: an explicit one must exist; a missing default means the defaults."""
-    if config_file or profile_name or os.path.exists(os.path.join(_config_folder(), "default.yaml")):
+    if config_file or profile_name or os.path.exists(os.path.join(user_folder("config"), "default.yaml")):
         return read(profile_path(config_file, profile_name))
     return ProfileFile(Profile())

@@ -5,12 +5,11 @@ tests/settings/test_options.py holds these fields to the table (names, types, de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from mpslaunch import record
 from mpslaunch.settings.options import DEFAULT_GRACE_SECONDS, REQUEST_OPTIONS
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class LaunchOptions:
     """What the command line asked for, the target aside. None means 'not given': the profile
     decides."""
@@ -54,14 +53,21 @@ class LaunchOptions:
     module: bool = False
     no_python: bool = False
 
+    def __new__(cls, **options: object):  # by name only: the fields are many
+        return super().__new__(cls, **options)
 
-@dataclass(frozen=True)
+
+@record
 class LaunchRequest(LaunchOptions):
     """What to run, and the options it was asked with: a script path (a module name with
-    `module`, an executable with `no_python`) and its arguments."""
+    `module`, an executable with `no_python`) and its arguments. Made as
+    LaunchRequest(target, target_args, **options)."""
 
-    target: str
+    target: str = ""
     target_args: tuple[str, ...] = ()
+
+    def __new__(cls, target: str, target_args: tuple[str, ...] = (), **options: object):
+        return super().__new__(cls, target=target, target_args=target_args, **options)
 
 
 def request_problem(options: LaunchOptions) -> str | None:

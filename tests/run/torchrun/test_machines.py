@@ -154,15 +154,13 @@ def test_where_each_torch_release_serves_the_stores(version, address, bound, sha
     (("node1", ()), "10.0.0.1", {}, False),  # unknown: not refused on a guess
 ])
 def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, main, environ, refused):
-    import dataclasses
-
     from conftest import MACHINES
     from mpslaunch.output import MpslaunchError
     from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import resolve
     from mpslaunch.settings import Profile
 
-    machine = dataclasses.replace(MACHINES["linux_cpu"], own_name=own)
+    machine = MACHINES["linux_cpu"]._replace(own_name=own)
     request = LaunchRequest("train.py", num_machines=2, machine_rank=1, main_process_ip=main)
     if refused:
         with pytest.raises(MpslaunchError, match="this machine's name node1 stands for .* only"):

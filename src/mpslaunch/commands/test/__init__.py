@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mpslaunch import run
@@ -74,7 +74,7 @@ def resolve_plan(args: argparse.Namespace, report_dir: str):
     request = request_from_args(_with_launch_defaults(args), str(CHECK_SCRIPT),
                                 ("--report-dir", report_dir))
     plan = launcher.prepare(request, args.profile, args.config_file)
-    return replace(plan, command=(*plan.command, *expectations(plan, args.timeout)))
+    return plan._replace(command=(*plan.command, *expectations(plan, args.timeout)))
 
 
 def _with_launch_defaults(args: argparse.Namespace) -> argparse.Namespace:
