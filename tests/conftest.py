@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,6 +136,42 @@ def file_line(path: Path, seconds: float = 30.0) -> str:
     text = wait_for(written, seconds)
     assert text, f"{path} never appeared"
     return text
+
+
+class Lines:
+    """A running process's text stream (its stderr, say), read line by line by a thread of its
+    own, so a test can wait for one line without blocking forever and read the rest later."""
+
+    def __init__(self, stream):
+        self.lines: queue.Queue = queue.Queue()
+        self.read: list[str] = []
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.put(line)
+        self.lines.put(None)  # the end of the stream
+
+    def wait_for(self, start: str, seconds: float = 90) -> str:
+        """The first line (without its newline) that starts with `start`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError(f"no line starting {start!r} in {seconds} s: {self.read}") from None
+            assert line is not None, f"the stream ended without a line starting {start!r}: {self.read}"
+            self.read.append(line)
+            if line.startswith(start):
+                return line.rstrip("\n")
+
+    def rest(self, seconds: float = 90) -> str:
+        """Everything read, once the stream has ended."""
+        deadline = time.monotonic() + seconds
+        while (line := self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))) is not None:
+            self.read.append(line)
+        self.lines.put(None)
+        return "".join(self.read)
 
 
 RANK_PREFIX = re.compile(r"^\[rank\d+\] ")  # the launcher's prefix on each rank's console line

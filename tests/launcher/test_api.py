@@ -264,3 +264,59 @@ def test_a_failing_function_is_named_by_its_own_name(tmp_path):
     assert len(raised) == 2 and all("train_step FAILED" in line for line in raised), done.stdout
     assert "bad batch 7" in done.stderr
     assert "fresh_call" not in done.stdout + done.stderr, done.stderr[-3000:]
+
+
+KEEPS_HANDLERS = """
+import os, signal, time
+import mpslaunch
+
+NAMES = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGALRM")
+
+def handlers():
+    return {name: signal.getsignal(getattr(signal, name)) for name in NAMES}
+
+def answers():
+    return 1
+
+def fails():
+    raise ValueError("no")
+
+def interrupts():  # rank 0 presses Ctrl-C for the caller (its parent: the ranks are forked)
+    if os.environ["RANK"] == "0":
+        os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(60)
+
+signal.signal(signal.SIGHUP, lambda signum, frame: None)  # one of the caller's own
+before = handlers()
+for function in (answers, fails, interrupts):
+    try:
+        mpslaunch.launch(function, cpu=True, num_processes=2, quiet=True)
+        print(function.__name__, "returned", flush=True)
+    except Exception as error:
+        print(function.__name__, "raised", type(error).__name__, flush=True)
+    except KeyboardInterrupt:
+        print(function.__name__, "interrupted", flush=True)
+    print("handlers as they were:", handlers() == before, "wakeup fd:", signal.set_wakeup_fd(-1), flush=True)
+try:
+    try:
+        signal.raise_signal(signal.SIGINT)  # a later Ctrl-C
+    except Exception as error:
+        print("a later Ctrl-C was swallowed as", type(error).__name__, flush=True)
+except KeyboardInterrupt:
+    print("a later Ctrl-C raised KeyboardInterrupt", flush=True)
+"""
+
+
+def test_several_processes_leave_the_callers_signal_handlers_as_they_were(tmp_path):
+    """After success, after a failure, and after a Ctrl-C during the run (which reaches the caller
+    as its own handler has it: KeyboardInterrupt), the caller's handlers are back as they were
+    (torch's agent takes none), and a later Ctrl-C is the caller's again."""
+    write_script(tmp_path, "caller.py", KEEPS_HANDLERS)
+    done = subprocess.run([sys.executable, "caller.py"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "answers returned", "handlers as they were: True wakeup fd: -1",
+        "fails raised ChildFailedError", "handlers as they were: True wakeup fd: -1",
+        "interrupts interrupted", "handlers as they were: True wakeup fd: -1",
+        "a later Ctrl-C raised KeyboardInterrupt"], done.stderr[-3000:]

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import conftest
-from conftest import file_line, refusal_of, run_cli, wait_for, write_script
+from conftest import Lines, file_line, refusal_of, run_cli, wait_for, write_script
 from mpslaunch.settings import profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import Profile
@@ -115,7 +115,8 @@ def record(signum, frame):
     (folder / "got").write_text(signal.Signals(signum).name + "\\n")
     sys.exit(7)
 if mode == "handled":
-    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                 "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR"):
         signal.signal(getattr(signal, name), record)
 (folder / "ready").write_text(f"{os.getpid()} {helper.pid}\\n")
 time.sleep(120)
@@ -135,7 +136,9 @@ Path(sys.argv[1]).write_text(f"{os.getpid()} {helper.pid}\\n")
 time.sleep(120)
 """
 
-SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+           # their default action ends a process: passed on, so the launcher is not ended by them
+           signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGXCPU, signal.SIGPWR]
 
 
 # ---------------------------------------------------------------- signals, through the CLI
@@ -169,17 +172,17 @@ def test_signal_to_the_launcher_ends_the_whole_run(tmp_path, marker, signum, mod
 @pytest.mark.parametrize("grace, signals", [
     (0.0, [signal.SIGTERM]),
     (2.0, [signal.SIGTERM]),
-    (2.0, [signal.SIGINT, signal.SIGINT]),  # a second Ctrl-C neither restarts nor skips the wait
-], ids=["grace0-TERM", "grace2-TERM", "grace2-INT-INT"])
+    # GNU timeout sends its signal to the launcher, then to its process group: one stop, whose
+    # grace period is kept
+    (2.0, [signal.SIGTERM, signal.SIGTERM]),
+], ids=["grace0-TERM", "grace2-TERM", "grace2-TERM-TERM-at-once"])
 def test_child_and_helper_ignoring_signals_are_killed_after_the_grace_period(tmp_path, marker, grace, signals):
     ready = tmp_path / "ready"
     script = write_script(tmp_path, "stubborn.py", STUBBORN)
     launcher = start_launcher(marker, "--cpu", "-q", "--grace_period", str(grace), str(script), str(ready))
     file_line(ready)
     started = time.monotonic()
-    for number, signum in enumerate(signals):
-        if number:
-            time.sleep(0.5)
+    for signum in signals:
         launcher.send_signal(signum)
     _, stderr = launcher.communicate(timeout=grace + 20)  # "promptly": a generous bound
     elapsed = time.monotonic() - started
@@ -188,6 +191,69 @@ def test_child_and_helper_ignoring_signals_are_killed_after_the_grace_period(tmp
     name = signal.Signals(signals[0]).name
     assert f"still running {grace:g} s after {name} (--grace_period), so it was killed" in stderr
     assert elapsed >= grace - 0.05  # the script had its whole grace period: never killed early
+    assert survivors(marker) == []
+
+
+@pytest.mark.parametrize("first, then, killed", [
+    (signal.SIGINT, signal.SIGINT, "when SIGINT came again"),  # Ctrl-C twice
+    (signal.SIGTERM, signal.SIGHUP, "when SIGHUP came after SIGTERM"),  # two different stops
+], ids=["ctrl-c-twice", "TERM-then-HUP"])
+def test_a_stop_says_the_grace_period_at_once_and_a_second_one_kills(tmp_path, marker, first,
+                                                                     then, killed):
+    """To a script that ignores it: at once, one line says the signal was passed on, the grace
+    period, and that Ctrl-C again stops now. A second stopping signal (past GNU timeout's window
+    for one signal sent twice) is not passed on: it kills the script now; the run was stopped by
+    the first (128 + it, printed and returned)."""
+    from mpslaunch.run.supervisor import SAME_STOP_SECONDS
+
+    ready = tmp_path / "ready"
+    script = write_script(tmp_path, "stubborn.py", STUBBORN)
+    launcher = start_launcher(marker, "--cpu", "--grace_period", "600", str(script), str(ready))
+    file_line(ready)
+    lines = Lines(launcher.stderr)
+    launcher.send_signal(first)
+    name, code = signal.Signals(first).name, 128 + first
+    assert lines.wait_for(f"mpslaunch: {name}") == (
+        f"mpslaunch: {name} passed on to the script; it has 600 s to stop (--grace_period) before "
+        "it is killed; Ctrl-C again kills it now")
+    time.sleep(SAME_STOP_SECONDS)
+    launcher.send_signal(then)
+    assert launcher.wait(timeout=60) == code
+    assert f"mpslaunch: the script was still running {killed}, so it was killed; exit code {code}" \
+        in lines.rest()
+    assert survivors(marker) == []
+
+
+# Saves for a second when asked to stop (SIGINT or SIGTERM), then exits 0.
+SAVES_ON_A_STOP = """
+import os, signal, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+def save(signum, frame):
+    (folder / "asked").write_text(signal.Signals(signum).name)
+    time.sleep(1)
+    (folder / "saved").write_text("")
+    sys.exit(0)
+signal.signal(signal.SIGINT, save)
+signal.signal(signal.SIGTERM, save)
+(folder / "ready").write_text(f"{os.getpid()}\\n")
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM, signal.SIGTERM]],
+                         ids=["ctrl-c", "timeout-TERM-TERM"])
+def test_a_script_that_saves_on_a_stop_gets_its_grace_period(tmp_path, marker, signals):
+    """One Ctrl-C, or one signal sent twice at once (GNU timeout): the script is asked once,
+    saves, and its own exit code comes back."""
+    script = write_script(tmp_path, "saves.py", SAVES_ON_A_STOP)
+    launcher = start_launcher(marker, "--cpu", "-q", str(script), str(tmp_path))
+    file_line(tmp_path / "ready")
+    for signum in signals:
+        launcher.send_signal(signum)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, stderr
+    assert (tmp_path / "saved").exists()
     assert survivors(marker) == []
 
 
@@ -605,3 +671,32 @@ def test_random_bytes_raise_only_our_error(tmp_path_factory, data):
     path.write_bytes(data)
     message = refusal_of(lambda: profile_files.load(path)) or ""
     assert "\n" not in message and len(message) <= LONGEST_MESSAGE
+
+
+# The CLI, with a real SIGINT sent to itself as the run is being set up: after the plan line,
+# before the run's own handlers are in.
+CTRL_C_AT_SET_UP = """
+import os, signal, sys
+from mpslaunch import commands as cli
+from mpslaunch.run import companion
+real = companion.Watch.for_plan
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kwargs)
+companion.Watch.for_plan = interrupted
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("processes, what", [("1", "the script"), ("2", "the ranks")])
+def test_ctrl_c_as_the_run_is_set_up_stops_it_before_it_starts(tmp_path, processes, what):
+    """Right after the plan line, before the run's own handlers: the stop is held for the run,
+    which then starts nothing: 130 and one line, no traceback."""
+    script = write_script(tmp_path, "never.py", "open(__file__ + '.ran', 'w')\n")
+    ran = subprocess.run([sys.executable, "-c", CTRL_C_AT_SET_UP, "launch", "--cpu", "-q",
+                          "--num_processes", processes, str(script)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert ran.returncode == 130, ran.stderr[-2000:]
+    assert ran.stderr.splitlines() == [f"mpslaunch: stopped by SIGINT before {what} started "
+                                       "(exit code 130)"]
+    assert not (tmp_path / "never.py.ran").exists()

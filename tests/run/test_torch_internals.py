@@ -17,19 +17,17 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 import torch
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, start_processes
-from torch.distributed.launcher.api import LaunchConfig
 
 from conftest import file_line
 from mpslaunch.run.torch_internals import (bound_store, graceful_stops,
                                            libuv_takes_a_listening_socket, missing, release,
-                                           serve_store, torch_signals)
+                                           serve_store, torch_takes_no_signals)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -123,7 +121,7 @@ def start_ranks(folder: Path, *kinds: str):
 def test_the_close_swap_records_how_each_stopped_rank_ended(tmp_path):
     """Still running at the stop: rank 0 stops on SIGTERM, rank 1 ignores it and is killed when
     the grace period ends; rank 2 had ended by itself, so it was not stopped."""
-    with kept_handlers(), torch_signals(SimpleNamespace(), ""):
+    with kept_handlers(), torch_takes_no_signals():
         context = start_ranks(tmp_path, "sleep", "stubborn", "exit")
         context.subprocess_handlers[2].proc.wait(timeout=30)
         with graceful_stops(0.5) as stops:
@@ -145,16 +143,59 @@ def test_a_close_without_the_expected_parameters_is_left_alone_and_named(monkeyp
     assert any("--grace_period" in line for line in missing())
 
 
-def test_without_signals_to_handle_torch_takes_only_the_signals_let_through(tmp_path):
-    """A config without signals_to_handle (torch before 2.10, described here on any release):
-    torch's own PContext.start leaves an ignored SIGHUP ignored, and sets its SIGTERM handler."""
+class Launcher:
+    """What graceful_stops asks of the launcher (run/torchrun/signals.py), recorded."""
+
+    def __init__(self, stop: int = 0):
+        self.stop, self.safe_points, self.defer_while_starting = stop, 0, False
+
+    def death_signal(self, default):
+        return self.stop or default
+
+    def safe_point(self):
+        self.safe_points += 1
+
+
+def test_the_swaps_send_the_stops_own_signal_and_tell_the_safe_points(tmp_path):
+    """torch's agent looking at its ranks (wait) and the end of a close are where the launcher may
+    unwind it; a close sends the signal that stopped the run, not torch's SIGTERM."""
+    launcher = Launcher(stop=signal.SIGINT)
+    with kept_handlers(), torch_takes_no_signals():
+        context = start_ranks(tmp_path, "sleep")
+        with graceful_stops(5, launcher) as stops:
+            assert launcher.defer_while_starting
+            assert context.wait(0) is None  # still running
+            assert launcher.safe_points == 1
+            context.close()
+        assert not launcher.defer_while_starting
+    assert launcher.safe_points == 2
+    assert stops.stopped == {0: -signal.SIGINT}
+
+
+def test_torch_sets_no_handler_while_the_launcher_runs_it(tmp_path):
+    """torch's own PContext.start, on this release: an ignored SIGHUP stays ignored, SIGTERM and
+    SIGINT keep the launcher's, and the module is torch's own again after the run."""
+    def launchers(signum, frame):
+        pass
+
     with kept_handlers():
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with torch_signals(SimpleNamespace(), "SIGTERM,SIGINT"):
+        signal.signal(signal.SIGTERM, launchers)
+        signal.signal(signal.SIGINT, launchers)
+        with torch_takes_no_signals():
             context = start_ranks(tmp_path, "exit")
-        assert api.signal is signal  # the module's own again after the run
+        assert api.signal is signal
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is launchers
+        assert signal.getsignal(signal.SIGINT) is launchers
+        context.close()
+
+
+def test_without_the_swap_this_torch_takes_the_signals_over(tmp_path):
+    """The control: what torch's PContext.start does on its own, which the swap above prevents."""
+    with kept_handlers():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        context = start_ranks(tmp_path, "exit")
         assert signal.getsignal(signal.SIGTERM) is api._terminate_process_handler
         context.close()
 
@@ -165,7 +206,7 @@ def test_from_another_thread_torch_sets_no_handler(tmp_path):
 
     def from_thread():
         try:
-            with torch_signals(SimpleNamespace()):
+            with torch_takes_no_signals():
                 start_ranks(tmp_path, "exit").close()
         except Exception as error:  # noqa: BLE001 (reported below)
             errors.append(error)
@@ -177,16 +218,6 @@ def test_from_another_thread_torch_sets_no_handler(tmp_path):
         worker.join()
         assert errors == []
         assert {signum: signal.getsignal(signum) for signum in STOPPING} == before
-
-
-def test_with_signals_to_handle_torch_is_told_which_to_take():
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2)
-    if not hasattr(config, "signals_to_handle"):
-        pytest.skip(f"torch {TORCH} has no signals_to_handle (added in 2.10): "
-                    "the swap tested above is what runs")
-    with torch_signals(config, "SIGTERM,SIGINT"):
-        assert api.signal is signal  # no swap: torch does it itself
-    assert config.signals_to_handle == "SIGTERM,SIGINT"
 
 
 # Serves a store for argv[1] as argv[2] says ("plain": torch's store without libuv, "launcher":

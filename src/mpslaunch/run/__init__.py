@@ -46,20 +46,23 @@ def describe(plan: LaunchPlan) -> str:
 def execute(plan: LaunchPlan, report: bool = False) -> int:
     """Run the plan; the child's exit code (128+N when signal N ended it). `report`: memory
     warnings and the end-of-run line (launch without -q)."""
-    from mpslaunch.run.companion import Watch
+    from mpslaunch.run.supervisor import holding_stops
 
-    watch = Watch.for_plan(plan, report, os.environ)
-    if plan.engine == "single":
-        from mpslaunch.run.single import run_child
+    with holding_stops() as held:  # a stop from the plan line on is the run's
+        from mpslaunch.run.companion import Watch
 
-        return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
-                         plan.removed, delivered=_delivered(plan))
-    problem = thread_problem(plan)
-    if problem:
-        raise MpslaunchError(problem)
-    from mpslaunch.run.torchrun import elastic as torchrun
+        watch = Watch.for_plan(plan, report, os.environ)
+        if plan.engine == "single":
+            from mpslaunch.run.single import run_child
 
-    return torchrun.run(plan, plan.grace_period, watch)
+            return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
+                             plan.removed, delivered=_delivered(plan), held=held)
+        problem = thread_problem(plan)
+        if problem:
+            raise MpslaunchError(problem)
+        from mpslaunch.run.torchrun import elastic as torchrun
+
+        return torchrun.run(plan, plan.grace_period, watch, held)
 
 
 def _delivered(plan: LaunchPlan) -> bool:

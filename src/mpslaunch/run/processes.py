@@ -19,7 +19,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-FORWARDED_SIGNALS = STOPPING_SIGNALS + (signal.SIGUSR1, signal.SIGUSR2)
+# Signals whose default action ends a process and that do not stop a run by themselves: passed on
+# to the script (every rank), which decides, as it would without the launcher (docs/cli.md:
+# Signals). The launcher's own faults (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP)
+# are not among them; Python ignores SIGPIPE and SIGXFSZ (a write fails instead).
+PASSED_ON = tuple(getattr(signal, name) for name in (
+    "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR", "SIGSTKFLT")
+    if hasattr(signal, name)) + (
+    (signal.SIGIO, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1)) if sys.platform == "linux" else ())
 RUN_MARKER = "MPSLAUNCH_RUN_ID"
 # Linux shows every environment in /proc, so whether anything still carries a marker is known
 # without psutil: a run that left nothing behind never imports it.
@@ -32,18 +39,22 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL a whole process group; one that is already gone is not an error."""
+def kill_group(pgid: int) -> bool:
+    """SIGKILL a whole process group; whether it was there (one already gone is not an error)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
+        return True
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
 
 
 def handled_here(signum: int) -> bool:
-    """False for a signal this process was started with ignored (SIGHUP under nohup, SIGINT and
-    SIGQUIT for a non-interactive shell's `&` job): the run keeps ignoring it, as `python
-    script.py` would, and the children inherit the SIG_IGN."""
+    """Whether a run takes `signum` over. Not a signal this process was started with ignored
+    (SIGHUP under nohup, SIGINT and SIGQUIT for a non-interactive shell's `&` job): the run keeps
+    ignoring it, as `python script.py` would, and the children inherit the SIG_IGN. A signal only
+    passed on, only where it would end this process: a caller's own handler stays in charge."""
+    if signum in PASSED_ON:
+        return signal.getsignal(signum) is signal.SIG_DFL
     return signal.getsignal(signum) is not signal.SIG_IGN
 
 

@@ -8,9 +8,11 @@ with the launcher (PR_SET_PDEATHSIG); its helpers in sessions of their own do no
 With --log_dir its output is also copied to files (run/tee.py).
 A signal the launcher was started with ignored (SIGHUP under nohup, SIGINT for a shell's `&`
 job) stays ignored, as it would for `python script.py`. Ctrl-Z stops the child and then the
-launcher, so the shell's job control works; SIGCONT goes on to the child.
+launcher, so the shell's job control works; SIGCONT goes on to the child. A stopping signal is
+forwarded once and starts the grace period (one line says so); another one kills the child now.
 Exit code: the child's own; 128+N when signal N killed it, or when stopping signal N reached
-it and it was killed after the grace period (the run was stopped by N, as on the torchrun path).
+it and it was killed after the grace period or at a later signal (the run was stopped by N, as
+on the torchrun path).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mpslaunch import output
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.companion import Watch, watching
-from mpslaunch.run.processes import (FORWARDED_SIGNALS, MARKS_SEEN_WITHOUT_PSUTIL, RUN_MARKER,
+from mpslaunch.run.processes import (MARKS_SEEN_WITHOUT_PSUTIL, PASSED_ON, RUN_MARKER,
                                      STOPPING_SIGNALS, exit_code, linux_prctl, new_run_id,
                                      warm_process_table)
 from mpslaunch.run.supervisor import Supervisor
@@ -34,26 +36,30 @@ from mpslaunch.run.supervisor import Supervisor
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],
               grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
               watch: Watch | None = None, env_removals: Iterable[str] = (),
-              delivered: bool = False) -> int:
-    """`delivered`: SLURM signals the child itself (supervisor.py), so nothing is forwarded."""
+              delivered: bool = False, held: Sequence[int] = ()) -> int:
+    """`delivered`: SLURM signals the child itself (supervisor.py), so nothing is forwarded;
+    `held`: stopping signals that came before the run's handlers (supervisor.holding_stops)."""
     with watching(watch) as run:
         code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run,
-                                           env_removals, delivered)
+                                           env_removals, delivered, held)
     run.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, delivered):
+def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, delivered,
+               held):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
     tee = _tee(log_dir) if log_dir else None
     run_id, started = new_run_id(), time.time()
     inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
     env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
-    child = _Child(run_id, grace_seconds, delivered)
+    child = _Child(run_id, grace_seconds, delivered, run.watch.report)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
-    with child.supervisor.handling({**dict.fromkeys(FORWARDED_SIGNALS, child.signal),
+    with child.supervisor.handling({**dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
                                     signal.SIGTSTP: child.job_control,
                                     signal.SIGCONT: child.job_control}):
+        if held:  # a stop came before these handlers: the script never starts
+            return _stopped_before_the_start(held[0], tee), None, tee
         try:
             process = subprocess.Popen(list(command), env=env, start_new_session=True,
                                        preexec_fn=_parent_death_signal(),
@@ -71,25 +77,43 @@ def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals
     child.supervisor.clean_up(started)
     if tee:
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
-    stopped_by = child.supervisor.stopping_signal
-    if child.supervisor.time_up and returncode == -signal.SIGKILL:
-        code = 128 + stopped_by
-        output.say(f"the script was still running {grace_seconds:g} s after "
-                   f"{signal.Signals(stopped_by).name} (--grace_period), so it was "
-                   f"killed; exit code {code}")
+    supervisor = child.supervisor
+    if supervisor.killed_at is not None and returncode == -signal.SIGKILL:
+        code = supervisor.exit_code()
+        output.say(f"the script was still running {_when_killed(supervisor)}, so it was killed; "
+                   f"exit code {code}")
         return code, returncode, tee
     return exit_code(returncode), returncode, tee
 
 
-class _Child:
-    """What a signal means for the one child: it is forwarded (held until the child exists),
-    and a stopping one starts the supervisor's grace period; job control reaches the child
-    while it runs."""
+def _stopped_before_the_start(signum: int, tee) -> int:
+    if tee:
+        tee.finish()
+    output.say(f"stopped by {signal.Signals(signum).name} before the script started (exit code "
+               f"{128 + signum})")
+    return 128 + signum
 
-    def __init__(self, run_id: str, grace_seconds: float, delivered: bool = False):
+
+def _when_killed(supervisor: Supervisor) -> str:
+    first = signal.Signals(supervisor.stopping_signal).name
+    if not supervisor.killed_at:
+        return f"{supervisor.grace_seconds:g} s after {first} (--grace_period)"
+    if supervisor.killed_at == supervisor.stopping_signal:
+        return f"when {first} came again"
+    return f"when {signal.Signals(supervisor.killed_at).name} came after {first}"
+
+
+class _Child:
+    """What a signal means for the one child: it is forwarded (held until the child exists); a
+    stopping one goes through the supervisor (the first forwarded, with the grace period; a
+    later one kills); job control reaches the child while it runs."""
+
+    def __init__(self, run_id: str, grace_seconds: float, delivered: bool = False,
+                 report: bool = False):
         self.process: subprocess.Popen | None = None
         self.held: list[int] = []
-        self.supervisor = Supervisor(run_id, grace_seconds, self.group, delivered=delivered)
+        self.supervisor = Supervisor(run_id, grace_seconds, self.group, delivered=delivered,
+                                     announce=self.announce if report else None)
 
     def group(self) -> list[int]:
         return [self.process.pid] if self.process is not None else []
@@ -97,8 +121,10 @@ class _Child:
     def attach(self, process: subprocess.Popen) -> None:
         self.process = process
         for signum in self.held:  # sent before the child existed: SLURM's did not reach it either
-            if self.supervisor.send(signum) and signum in STOPPING_SIGNALS:
-                self.supervisor.stopping(signum)
+            if signum in STOPPING_SIGNALS:
+                self.supervisor.stop(signum, missed=True)
+            else:
+                self.supervisor.send(signum)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -106,8 +132,16 @@ class _Child:
     def signal(self, signum: int, _frame=None) -> None:
         if self.process is None:
             self.held.append(signum)
-        elif self.running() and self.supervisor.forward(signum) and signum in STOPPING_SIGNALS:
-            self.supervisor.stopping(signum)
+        elif self.running() and signum in STOPPING_SIGNALS:
+            self.supervisor.stop(signum)
+        elif self.running():
+            self.supervisor.forward(signum)
+
+    def announce(self, signum: int) -> None:
+        how = "sent to the script by SLURM" if self.supervisor.delivered else "passed on to the script"
+        output.say(f"{signal.Signals(signum).name} {how}; it has "
+                   f"{self.supervisor.grace_seconds:g} s to stop (--grace_period) before it is "
+                   "killed; Ctrl-C again kills it now")
 
     def job_control(self, signum: int, _frame=None) -> None:
         if self.running():

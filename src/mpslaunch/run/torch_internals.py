@@ -5,20 +5,27 @@ installed torch lacks.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
-- LaunchConfig's shutdown_timeout and signals_to_handle (newer torch only), its
-  log_line_prefix_template and logs_specs are set after parsing (`Elastic.config`, `tune`);
-- without signals_to_handle (torch before 2.10), PContext.start takes over SIGTERM, SIGINT,
-  SIGHUP and SIGQUIT, even one the launcher was started with ignored (nohup's SIGHUP), and
-  torch 2.4 fails outside the main thread: for the run, the `signal` module that torch's
-  multiprocessing module sees lets through only the launcher's choice, and nothing from another
-  thread, as newer torch does (`torch_signals`);
-- DefaultLogsSpecs.reify is called with each attempt's rank environments (`Elastic.logs_specs`);
-- PContext.close is swapped for the run (`graceful_stops`); it records how the ranks it stopped
-  ended, as torch before 2.10 reports only the ranks that failed before the stop; after a
-  stopping signal SLURM delivered to every rank it only waits, then kills what is left; and it
-  closes the log files each rank's SubprocessHandler opened (`_stdout`, `_stderr`): torch closes
-  them only for a rank it signals, and leaves those of ranks that ended by themselves to the
-  garbage collector (a ResourceWarning each, an error under PYTHONWARNINGS=error);
+- LaunchConfig's shutdown_timeout (newer torch only), its log_line_prefix_template and
+  logs_specs are set after parsing (`Elastic.config`, `tune`);
+- PContext.start takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT (from torch 2.10 those that
+  signals_to_handle names), even one the launcher was started with ignored (nohup's SIGHUP), and
+  does not give them back (a program calling mpslaunch.launch() would lose its Ctrl-C); its
+  handler raises SignalException, an Exception, which torch's own `except Exception` swallows
+  where it lands in the log tailers' stop (every restart goes through it); torch 2.4 fails
+  outside the main thread. For the run, the `signal` module that torch's multiprocessing module
+  sees sets no handler at all, on every release: the launcher's own stay
+  (`torch_takes_no_signals`);
+- DefaultLogsSpecs.reify is called with each attempt's rank environments, before its ranks
+  start (`Elastic.logs_specs`);
+- PContext.close and PContext.wait are swapped for the run (`graceful_stops`). close records how
+  the ranks it stopped ended, as torch before 2.10 reports only the ranks that failed before the
+  stop, and sends the stop's own signal (the launcher's `death_signal`); after a stopping signal
+  SLURM delivered to every rank it only waits, then kills what is left; it closes the log files
+  each rank's SubprocessHandler opened (`_stdout`, `_stderr`): torch closes them only for a rank
+  it signals, and leaves those of ranks that ended by themselves to the garbage collector (a
+  ResourceWarning each, an error under PYTHONWARNINGS=error). wait (torch's agent looking at the
+  ranks it holds) and the end of close tell the launcher that unwinding torch's agent is safe
+  there (`safe_point`);
 - TCPStore takes a listening socket (master_listen_fd), and with multi_tenant the store the
   launcher serves is the one torch's static rendezvous finds on that port (`serve_store`); the
   libuv store takes one from torch 2.8 (pytorch/pytorch#150215), and raises NotImplementedError
@@ -31,7 +38,7 @@ installed torch lacks.
 - with c10d, torch 2.5's agent hands the ranks the rendezvous store itself; 2.4 (rank 0's
   process) and 2.6 and later (the agent) serve the ranks a store of their own, on a free port,
   on every interface (`c10d_ranks_share_the_rendezvous_store`);
-- ChildFailedError (get_first_failure, failures) and SignalException (sigval) end a run;
+- ChildFailedError (get_first_failure, failures) ends a failed run;
 - torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
   file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
   that much (and its copies) in the launcher at once. For the run it reads at most a given
@@ -64,7 +71,6 @@ STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
 NAMELESS_PEER_ABORTS = ((2, 5, 0), (2, 6, 0))  # releases [from, to) whose store without libuv
 # aborts at a connection from an address without a name (checked: 2.4.1 no, 2.5.1 yes, 2.6.0 no)
-TORCHS_STOPPING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # what PContext.start takes
 
 
 def release(version: str) -> tuple[int, int, int] | None:
@@ -99,17 +105,16 @@ def c10d_ranks_share_the_rendezvous_store(version: str) -> bool:
 def missing() -> list[str]:
     """What the launcher's promises rest on and the installed torch lacks, one line each."""
     from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.launcher.api import LaunchConfig
 
     lines = []
     if not _takes_a_timeout(getattr(api, "PContext", None)):
         lines.append("torch's PContext.close(death_sig, timeout) is not there: when a rank fails, "
                      "the others get torch's own time to stop, not --grace_period, and the summary "
                      "judges them by their exit codes")
-    if "signals_to_handle" not in getattr(LaunchConfig, "__dataclass_fields__", {}) \
-            and getattr(api, "signal", None) is not signal:
+    if getattr(api, "signal", None) is not signal:
         lines.append("torch takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT for the run, even a "
-                     "signal the launcher was started with ignored (nohup's SIGHUP)")
+                     "signal the launcher was started with ignored (nohup's SIGHUP), and a stop "
+                     "may be lost while it restarts the ranks")
     return lines
 
 
@@ -118,13 +123,12 @@ class Elastic:
 
     def __init__(self):
         import torch.distributed.run as run
-        from torch.distributed.elastic.multiprocessing.api import (DefaultLogsSpecs, SignalException,
-                                                                    Std)
+        from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         self.run, self.launch = run, elastic_launch
-        self.ChildFailedError, self.SignalException = ChildFailedError, SignalException
+        self.ChildFailedError = ChildFailedError
         self.DefaultLogsSpecs, self.Std = DefaultLogsSpecs, Std
 
     def config(self, argv: list[str], line_prefix: str):
@@ -154,40 +158,27 @@ def tune(config, grace_seconds: float) -> None:
 
 
 @contextmanager
-def torch_signals(config, handles: str | None = None) -> Iterator[None]:
-    """While the run lasts, torch's agent takes over only the stopping signals in `handles`
-    ("SIGTERM,SIGINT"; None: torch's own four), and only from the main thread."""
-    if hasattr(config, "signals_to_handle"):  # torch 2.10 and later do both themselves
-        if handles is not None:
-            config.signals_to_handle = handles
-        yield
-        return
+def torch_takes_no_signals() -> Iterator[None]:
+    """While the run lasts, torch's agent installs no signal handler: the launcher's stay."""
     from torch.distributed.elastic.multiprocessing import api
 
     if getattr(api, "signal", None) is not signal:  # missing() names it
         yield
         return
-    names = TORCHS_STOPPING_SIGNALS if handles is None else handles.split(",")
-    api.signal = _SignalsLetThrough({signal.Signals[name] for name in names if name})
+    api.signal = _NoHandlers()
     try:
         yield
     finally:
         api.signal = signal
 
 
-class _SignalsLetThrough:
-    """The signal module, for torch's multiprocessing module: handlers for `allowed` from the main
-    thread are set; any other is left as it is."""
-
-    def __init__(self, allowed: set[int]):
-        self.allowed = allowed
+class _NoHandlers:
+    """The signal module, for torch's multiprocessing module: setting a handler sets none."""
 
     def __getattr__(self, name: str):
         return getattr(signal, name)
 
     def signal(self, signum: int, handler):
-        if signum in self.allowed and threading.current_thread() is threading.main_thread():
-            return signal.signal(signum, handler)
         return signal.getsignal(signum)
 
 
@@ -258,10 +249,11 @@ class RankStops:
 
 
 @contextmanager
-def graceful_stops(grace_seconds: float,
-                   delivered: Callable[[], bool] = lambda: False) -> Iterator[RankStops]:
-    """`delivered()`: the ranks have the stopping signal from SLURM already, so close() only
-    waits the grace period, then kills what is left."""
+def graceful_stops(grace_seconds: float, launcher=None) -> Iterator[RankStops]:
+    """For the run: torch's agent stops ranks with the grace period and, with `launcher` (its
+    death_signal(default), safe_point(), defer_while_starting), the stop's own signal; a death
+    signal of 0: the ranks have the stop from SLURM already, so close() only waits the grace
+    period, then kills what is left."""
     from torch.distributed.elastic.multiprocessing import api
 
     stops = RankStops(grace_seconds)
@@ -269,27 +261,41 @@ def graceful_stops(grace_seconds: float,
     if not _takes_a_timeout(PContext):  # missing() names it
         yield stops
         return
-    original = PContext.close
+    original_close, original_wait = PContext.close, PContext.wait
 
     def close(context, death_sig=None, timeout=30):
         if context is not stops.attempt:
             stops.attempt, stops.stopped = context, {}
+        if launcher is not None:
+            chosen = launcher.death_signal(death_sig)
+            death_sig = signal.Signals(chosen) if chosen else chosen  # 0: SLURM's, None: torch's
         running = _running(context)
-        if delivered():
+        if death_sig == 0:
             _wait(running.values(), grace_seconds)
             death_sig, timeout = signal.SIGKILL, 0  # for the ranks still running: the end
         else:
             timeout = grace_seconds
-        original(context, death_sig=death_sig, timeout=timeout)
+        original_close(context, death_sig=death_sig, timeout=timeout)
         stops.stopped.update({rank: process.wait() for rank, process in running.items()})
         _close_rank_files(context)
+        if launcher is not None:
+            launcher.safe_point()
 
-    PContext.close = close
+    def wait(context, *args, **kwargs):
+        if launcher is not None:
+            launcher.safe_point()
+        return original_wait(context, *args, **kwargs)
+
+    PContext.close, PContext.wait = close, wait
     stops.followed = True
+    if launcher is not None:
+        launcher.defer_while_starting = True  # wait() ends the start: a stop waits for it
     try:
         yield stops
     finally:
-        PContext.close = original
+        PContext.close, PContext.wait = original_close, original_wait
+        if launcher is not None:
+            launcher.defer_while_starting = False
 
 
 def _takes_a_timeout(context_class) -> bool:

@@ -8,6 +8,7 @@ check lists this machine's interfaces), and every launcher that waits, waits on 
 from __future__ import annotations
 
 import datetime
+import http.server
 import queue
 import signal
 import socket
@@ -167,3 +168,59 @@ def test_the_first_difference_from_machine_0_is_named():
     assert plan_difference({1: agreed_terms("cuda", "bf16", 2, 3)}) is None  # machine 0 not yet
     assert "machine 2 plans device cuda, machine 0 plans cpu" in plan_difference(
         {2: agreed_terms("cuda", "bf16", 2, 3), 0: same, 1: same})
+
+
+class _Silent(http.server.BaseHTTPRequestHandler):
+    """An HTTP server's handler: it waits for a request line, which the store's handshake never
+    sends, so the connection stays open and unanswered."""
+
+    def setup(self):
+        super().setup()
+        self.server.connections.release()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_server():
+    """Another service on machine 0's address: Python's own HTTP server, on a free port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Silent)
+    server.connections = threading.Semaphore(0)  # released once per connection accepted
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_machine_1_facing_another_service_on_the_port_fails_within_the_timeout(tmp_path, http_server):
+    """The port answers, but not as a rendezvous store: one line naming the address once
+    --rdzv_timeout has passed, exit 1, never a wait without end."""
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    port = http_server.server_address[1]
+    result = run_cli(*machine(1, port, script, "--rdzv_timeout", "5"), timeout=60)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"mpslaunch: error: something answers at 127.0.0.1:{port}, but not as a rendezvous store "
+        "(no answer to the store's handshake within --rdzv_timeout 5 s); machine 0's launcher "
+        "serves the rendezvous on --main_process_port: check the port, another program may be "
+        "using it")
+    assert not (tmp_path / "never.py.ran").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_machine_1_waiting_on_another_service_stops_on_a_signal(tmp_path, start, http_server, signum):
+    """The store's handshake waits inside torch's C++; a stopping signal still ends it at once."""
+    script = write_script(tmp_path, "never.py", NEVER_RUNS)
+    port = http_server.server_address[1]
+    launcher = start(machine(1, port, script, "--rdzv_timeout", "900"))
+    for _ in range(2):  # the launcher's plain probe of the port, then the store's own connection
+        assert http_server.connections.acquire(timeout=90), "the launcher never connected"
+    launcher.send_signal(signum)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signum, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"mpslaunch: stopped by {signal.Signals(signum).name} while waiting for the other "
+        f"machines: machine 0 at 127.0.0.1:{port} did not answer as a rendezvous store "
+        f"(exit code {128 + signum})")

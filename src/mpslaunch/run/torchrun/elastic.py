@@ -13,11 +13,12 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 import uuid
 from contextlib import contextmanager, nullcontext
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.machine import endpoint
@@ -37,7 +38,7 @@ from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
 from mpslaunch.run.torch_internals import (Elastic, bound_store,
                                           c10d_ranks_share_the_rendezvous_store, graceful_stops,
-                                          missing, torch_signals, tune)
+                                          missing, torch_takes_no_signals, tune)
 
 
 class LaunchFailed(MpslaunchError):
@@ -126,30 +127,36 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 # ---------------------------------------------------------------- running
 
 
-def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None) -> int:
-    """Run the plan through torch's elastic agent; return the launcher's exit code."""
+def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None,
+        held: Sequence[int] = ()) -> int:
+    """Run the plan through torch's elastic agent; return the launcher's exit code. `held`:
+    stopping signals that came before the run's handlers (supervisor.holding_stops)."""
     # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
     # some of which may share this host.
     run_id = new_run_id()
     with watching(watch, lambda: rank_pids(run_id)) as companion:
-        code = _run(plan, grace_seconds, run_id)
+        code = _run(plan, grace_seconds, run_id, companion.watch.report, held)
     companion.ended(code, log_folder=plan.log_dir)
     return code
 
 
-def _run(plan: LaunchPlan, grace_seconds: float, run_id: str) -> int:
+def _run(plan: LaunchPlan, grace_seconds: float, run_id: str, report: bool,
+         held: Sequence[int]) -> int:
     rendezvous = _new_rendezvous(plan)
     started, callers_children = time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
     delivered = plan.cluster is not None and plan.cluster.delivers_signals
-    with LauncherSignals(grace_seconds, run_id, delivered) as signals, adopt_orphans(), \
-            _LogFolder(plan.log_dir) as logs:
+    with LauncherSignals(grace_seconds, run_id, _say if report else None, delivered) as signals, \
+            adopt_orphans(), _LogFolder(plan.log_dir) as logs:
+        for signum in held:
+            signals.watcher.stop(signum)
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
-        except Stopped as stop:  # before torch's agent took the signals over
+        except Stopped as stop:  # the supervisor's first stopping signal: the code and the words
             code = 128 + stop.signum
-            _say(stop.summary or stopped_summary(stop.signum, killed=signals.watcher.time_up))
+            _say(stop.summary or stopped_summary(stop.signum, signals.watcher.killed_at,
+                                                 signals.ranks_started))
         finally:
             signals.quiet()
             signals.watcher.clean_up(started, callers_children)
@@ -161,28 +168,39 @@ def _run(plan: LaunchPlan, grace_seconds: float, run_id: str) -> int:
 
 def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
             grace_seconds: float, signals: LauncherSignals) -> int:
+    signals.check()  # a stop before the run's handlers: no torch, no ranks
     _check_torch_distributed()
+    signals.check()  # a stop that came while torch was imported
     with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
             _store(plan, rendezvous) as (port, store):
         if not rendezvous.local:
-            Gate(plan.settings.machine_rank, plan.settings.num_machines, rendezvous.address, port,
-                 plan.settings.rdzv_timeout, _say,
-                 agreed_terms(plan.device, plan.settings.mixed_precision,
-                              plan.settings.num_processes, plan.settings.num_machines)).wait(store)
+            with signals.interruptible():
+                Gate(plan.settings.machine_rank, plan.settings.num_machines, rendezvous.address,
+                     port, plan.settings.rdzv_timeout, _say,
+                     agreed_terms(plan.device, plan.settings.mixed_precision,
+                                  plan.settings.num_processes,
+                                  plan.settings.num_machines)).wait(store)
         elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args, config, entrypoint, entry_args = elastic.config(
             arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)
         tune(config, grace_seconds)
         attempts = Attempts(plan.settings.max_restarts, _say)
-        config.logs_specs = elastic.logs_specs(args, attempts.started)
+
+        def starting(envs: dict[int, dict[str, str]]) -> None:
+            signals.ranks_starting()  # no ranks after a stop
+            attempts.started(envs)
+
+        config.logs_specs = elastic.logs_specs(args, starting)
         for line in missing():
             _say(f"mpslaunch: note: {line}")
         try:
-            # Not the signals the launcher was started with ignored (nohup's SIGHUP).
-            with whole_rank_lines(), following(attempts), graceful_stops(grace_seconds, signals.stopped_by_slurm) as stops, \
-                    torch_signals(config, signals.torch_handles()):
+            with whole_rank_lines(), following(attempts), \
+                    graceful_stops(grace_seconds, signals) as stops, torch_takes_no_signals(), \
+                    signals.interruptible():
                 elastic.launch(config, entrypoint)(*entry_args)
+            signals.check()
         except elastic.ChildFailedError as failed:
+            signals.check()  # the ranks ended as the run was being stopped: a stop
             signals.quiet()
             rank, first = failed.get_first_failure()
             # srun reports its tasks' largest code (it needs to know which ranks were stopped)
@@ -200,11 +218,8 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
                                       largest=in_slurm)
             _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
-        except elastic.SignalException as stop:
-            signals.quiet()
-            _say(stopped_summary(int(stop.sigval), killed=signals.watcher.time_up))
-            return 128 + int(stop.sigval)
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
+            signals.check()
             raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
                                f"{error_line(error)}") from None
     if attempts.restarts:
@@ -215,18 +230,40 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
 def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict[int, object]:
     """The Python API with several processes: `function(*args)` in each rank, through the same
     rendezvous, store and environment as run(); torch's own errors (ChildFailedError) propagate.
-    Returns each of this machine's ranks' return value, by global rank."""
+    Returns each of this machine's ranks' return value, by global rank. The caller's signal
+    handlers are back afterwards; a stopping signal during the run stops the ranks, then reaches
+    the caller's own handler (KeyboardInterrupt for Ctrl-C, by default)."""
     _check_torch_distributed()
+    try:
+        return _run_function(plan, function, args, start_method)
+    except Stopped as stop:
+        signal.raise_signal(stop.signum)
+        raise MpslaunchError(f"the processes were stopped by {stop} before they "
+                             "finished") from None
+
+
+def _run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict[int, object]:
     rendezvous = _new_rendezvous(plan)
     env = launcher_environment(plan, rendezvous, os.environ)
-    with environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), _store(plan, rendezvous) as (port, _), \
-            _LogFolder(plan.log_dir) as logs:
+    with LauncherSignals(plan.grace_period, new_run_id()) as signals, \
+            environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
+            _store(plan, rendezvous) as (port, _), _LogFolder(plan.log_dir) as logs:
         elastic = Elastic()
         _, config, _, _ = elastic.config(arguments(plan, rendezvous, str(port), logs.path),
                                          LINE_PREFIX)
         config.start_method = start_method
-        with whole_rank_lines(), torch_signals(config):
-            return dict(sorted(elastic.launch(config, function)(*args).items()))
+        in_ranks = signals.forked(function) if start_method == "fork" else function
+        try:
+            with whole_rank_lines(), graceful_stops(plan.grace_period, signals), \
+                    torch_takes_no_signals(), signals.interruptible():
+                results = elastic.launch(config, in_ranks)(*args)
+            signals.check()
+        except Exception:
+            signals.check()
+            raise
+        finally:
+            signals.quiet()
+        return dict(sorted(results.items()))
 
 
 def _new_rendezvous(plan: LaunchPlan) -> Rendezvous:

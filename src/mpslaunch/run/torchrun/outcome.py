@@ -210,9 +210,19 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
-def stopped_summary(signum: int, killed: bool = False) -> str:
-    """`killed`: some ranks were still running when the grace period ended (or at a second
-    signal) and were killed; the run was still stopped by `signum`, hence 128+signum."""
-    how = ("some ranks did not stop in time (--grace_period) and were killed" if killed
-           else "every rank was stopped")
-    return f"mpslaunch: stopped by {signal.Signals(signum).name}; {how} (exit code {128 + signum})"
+def stopped_summary(signum: int, killed_at: int | None = None, ranks_started: bool = True) -> str:
+    """The run was stopped by `signum` (the first stopping signal), hence 128+signum, however the
+    ranks ended: `killed_at` None: they stopped; 0: some were still running when the grace period
+    ended and were killed; N: some were still running when signal N came, and were killed."""
+    name = signal.Signals(signum).name
+    if not ranks_started:
+        how = " before the ranks started"
+    elif killed_at is None:
+        how = "; every rank was stopped"
+    elif killed_at == 0:
+        how = "; some ranks did not stop in time (--grace_period) and were killed"
+    else:
+        came = "came again" if killed_at == signum else "came"
+        how = (f"; {signal.Signals(killed_at).name} {came} while the ranks were stopping, so "
+               "those still running were killed")
+    return f"mpslaunch: stopped by {name}{how} (exit code {128 + signum})"
