@@ -3,6 +3,19 @@
 __version__ = "0.1.0"
 
 
+def command_line() -> int:
+    """The `mpslaunch` program (its console script and `python -m mpslaunch`). Ctrl-C while the
+    launcher's own modules load ends as Ctrl-C anywhere before the script starts: one line, 130."""
+    try:
+        from mpslaunch.commands import main
+    except KeyboardInterrupt:
+        import os
+
+        os.write(2, b"mpslaunch: stopped by SIGINT before anything ran (exit code 130)\n")
+        return 130
+    return main()
+
+
 def lazy_names(package: str, modules: dict[str, tuple[str, ...]]):
     """A package's module `__getattr__` (PEP 562): each name in `modules` (module -> names) is
     imported from its module on first use, so importing the package costs nothing more."""

@@ -1,5 +1,5 @@
 import sys
 
-from mpslaunch.commands import main
+from mpslaunch import command_line
 
-sys.exit(main())
+sys.exit(command_line())
