@@ -1,11 +1,13 @@
 """The layout docs/design.md draws holds: at most 12 entries at the top of src/mpslaunch, imports
 between its packages point down only, a package is imported through its `__init__.py`, and the
 modules of a package import each other without a circle (imports inside functions and for type
-checking count: they only hide one)."""
+checking count: they only hide one), and torch's private API is reached from
+run/torch_internals.py alone."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,70 @@ def test_a_circle_hidden_in_a_function_or_behind_type_checking_is_found(tmp_path
     assert circle({module: graph[module] for module in ("cache", "reading")}) == ["cache", "reading", "cache"]
     assert circle({module: graph[module] for module in ("report", "__init__", "reading", "cache")}) \
         == ["cache", "reading", "cache"]
+
+
+# ---------------------------------------------------------------- torch's private API
+
+PRIVATE_TORCH_HOME = SOURCE / "run" / "torch_internals.py"
+TORCH_NAME = re.compile(r"torch(\.\w+)+")
+
+
+def private_torch(dotted: str) -> bool:
+    """A name under torch.distributed.elastic, or one with a `_` part (not a dunder such as
+    torch.__version__)."""
+    parts = dotted.split(".")
+    return parts[0] == "torch" and (
+        parts[1:3] == ["distributed", "elastic"]
+        or any(part.startswith("_") and not part.endswith("__") for part in parts[1:]))
+
+
+def torch_private_uses(text: str) -> list[str]:
+    """What `text` takes from torch's private API: imports, attributes of an imported torch
+    module (through its alias too) and dotted names written out (a logger's, importlib's)."""
+    tree, aliases, found = ast.parse(text), {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    found.append(alias.name)
+                    aliases[alias.asname or "torch"] = alias.name if alias.asname else "torch"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == "torch":
+            for alias in node.names:
+                found.append(f"{node.module}.{alias.name}")
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts = []
+            while isinstance(node, ast.Attribute):
+                parts.insert(0, node.attr)
+                node = node.value
+            if isinstance(node, ast.Name) and node.id in aliases:
+                found.append(".".join([aliases[node.id], *parts]))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and TORCH_NAME.fullmatch(node.value):
+            found.append(node.value)
+    return sorted({name for name in found if private_torch(name)})
+
+
+@pytest.mark.parametrize("path", [path for path in MODULES if path != PRIVATE_TORCH_HOME],
+                         ids=lambda path: str(path.relative_to(SOURCE)))
+def test_torchs_private_api_is_used_in_torch_internals_only(path):
+    assert torch_private_uses(path.read_text(encoding="utf-8")) == [], (
+        f"{path.relative_to(SOURCE)} uses torch's private API: move that use into "
+        "run/torch_internals.py")
+
+
+def test_every_way_of_reaching_torchs_private_api_is_found():
+    text = ("import torch\nimport torch.distributed as dist\n"
+            "from torch.distributed.elastic.multiprocessing import api\n"
+            "from torch.distributed import elastic\nfrom torch import _C\n"
+            "import torch._dynamo\n"
+            "def f():\n    dist._store_based_barrier()\n    return torch.__version__, torch.nn\n"
+            "LOGGER = 'torch.distributed.elastic.agent.server.api'\n"
+            "WORDS = 'torch.distributed.elastic is named in a sentence'\n")
+    assert torch_private_uses(text) == [
+        "torch._C", "torch._dynamo", "torch.distributed._store_based_barrier",
+        "torch.distributed.elastic", "torch.distributed.elastic.agent.server.api",
+        "torch.distributed.elastic.multiprocessing.api"]
+    assert torch_private_uses(PRIVATE_TORCH_HOME.read_text(encoding="utf-8"))  # its home uses it

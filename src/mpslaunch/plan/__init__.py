@@ -13,7 +13,7 @@ from mpslaunch import lazy_names
 
 # Imported on first use: the check asks environment.py alone, without the rest of the plan.
 __getattr__ = lazy_names(__name__, {
-    "decision": ("Decision", "LaunchPlan", "decide", "decide_settings", "for_target",
+    "decision": ("ENGINES", "Decision", "LaunchPlan", "decide", "decide_settings", "for_target",
                  "mps_verdict_text", "resolve", "settle"),
     "device": ("choose_device", "cuda_problem", "dynamo_problem", "mps_minimum_macos", "mps_problem",
                "platform_mps_problem", "precision_refusal", "torch_mps_problem"),

@@ -27,6 +27,11 @@ from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, DEFAULT_PORT, LaunchOptio
                                 Layer, Profile, ProfileFile, Settings, check_profile, file_layer,
                                 merge, options_layer, profile_layer, request_problem)
 
+# The engines that run a plan: "single", one child process; "torchrun", torch.distributed.run.
+# Each has its module in run/__init__.py's ENGINES.
+SINGLE, TORCHRUN = "single", "torchrun"
+ENGINES = (SINGLE, TORCHRUN)
+
 
 @record
 class Decision:
@@ -36,7 +41,7 @@ class Decision:
 
     device: str  # "mps", "cuda" or "cpu"
     reason: str  # one line: why this device
-    engine: str  # "single": one child process; "torchrun": torch.distributed.run
+    engine: str  # one of ENGINES
     env: Mapping[str, str]  # variables added to (or changed in) the user's environment
     # Every profile key after the layers: num_processes (on this machine: the count, one per GPU
     # when none was given), num_machines, mixed_precision, machine_rank, the main address, ...
@@ -58,6 +63,12 @@ class Decision:
     @property
     def rank_mode(self) -> bool:
         return self.cluster is not None and self.cluster.rank_mode
+
+    @property
+    def delivers_signals(self) -> bool:
+        """SLURM signals every process of the step itself (plan/slurm.py), so the launcher
+        forwards no signal it gets (run/supervisor.py)."""
+        return self.cluster is not None and self.cluster.delivers_signals
 
     @property
     def silent_rank(self) -> bool:
@@ -226,7 +237,7 @@ def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine
         device=device,
         reason=reason,
         # rank mode: SLURM started the ranks, and this launcher runs one as its one child
-        engine="torchrun" if multi and not rank_mode else "single",
+        engine=TORCHRUN if multi and not rank_mode else SINGLE,
         env=env,
         settings=settings,
         warnings=_warnings(settings, device, machine)

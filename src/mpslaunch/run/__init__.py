@@ -1,7 +1,7 @@
-"""Running a plan: one process (single.py), or several through torch.distributed.run
-(torchrun/), with what the launcher does beside the script while it runs (companion.py).
-Everything is imported when a run needs it: --dry_run and the one-process start import
-neither psutil nor torch.
+"""Running a plan: the engine that `plan.engine` names (ENGINES), with what the launcher does
+beside the script while it runs (companion.py). Each engine module offers `describe(plan) -> str`
+(what --dry_run prints) and `run(plan, watch, held) -> int` (the exit code). Everything is
+imported when a run needs it: --dry_run and the one-process start import neither psutil nor torch.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from mpslaunch.output import MpslaunchError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from mpslaunch.plan import LaunchPlan
 
 __getattr__ = lazy_names(__name__, {
@@ -22,6 +24,20 @@ __getattr__ = lazy_names(__name__, {
     "torchrun.elastic": ("run_function",),
     "torchrun.outcome": ("EXIT_ABORT_ISSUE",),
 })
+
+# plan.engine -> the module that runs it, imported on first use (the torchrun one imports torch).
+# Its keys are the plan's ENGINES (tests/test_layout.py holds them together).
+ENGINES = {
+    "single": "mpslaunch.run.single",  # one child process
+    "torchrun": "mpslaunch.run.torchrun.elastic",  # several, through torch.distributed.run
+}
+
+
+def engine(plan: LaunchPlan) -> ModuleType:
+    """The module that runs `plan` (ENGINES)."""
+    import importlib  # imported at every start already
+
+    return importlib.import_module(ENGINES[plan.engine])
 
 
 def thread_problem(plan: LaunchPlan) -> str | None:
@@ -34,12 +50,7 @@ def thread_problem(plan: LaunchPlan) -> str | None:
 
 def describe(plan: LaunchPlan) -> str:
     """What --dry_run prints."""
-    if plan.engine == "single":
-        text = plan.describe()
-    else:
-        from mpslaunch.run.torchrun import elastic as torchrun  # imports torch: several processes only
-
-        text = torchrun.describe(plan)
+    text = engine(plan).describe(plan)
     return text + (f"\nmps check:       {plan.mps_verdict}" if plan.mps_verdict else "")
 
 
@@ -52,20 +63,7 @@ def execute(plan: LaunchPlan, report: bool = False) -> int:
         from mpslaunch.run.companion import Watch
 
         watch = Watch.for_plan(plan, report, os.environ)
-        if plan.engine == "single":
-            from mpslaunch.run.single import run_child
-
-            return run_child(plan.command, plan.env, plan.grace_period, plan.log_dir, watch,
-                             plan.removed, delivered=_delivered(plan), held=held)
         problem = thread_problem(plan)
         if problem:
             raise MpslaunchError(problem)
-        from mpslaunch.run.torchrun import elastic as torchrun
-
-        return torchrun.run(plan, plan.grace_period, watch, held)
-
-
-def _delivered(plan: LaunchPlan) -> bool:
-    """SLURM signals every process of the step itself (plan/slurm.py), so the launcher does
-    not forward what it gets."""
-    return plan.cluster is not None and plan.cluster.delivers_signals
+        return engine(plan).run(plan, watch, held)

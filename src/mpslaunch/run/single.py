@@ -1,5 +1,5 @@
-"""run_child: one process, in a session of its own, with signals forwarded and a grace period
-(run/supervisor.py).
+"""The one-process engine: the plan's command as one child, in a session of its own, with signals
+forwarded and a grace period (run/supervisor.py).
 
 Its own session means a terminal's Ctrl-C reaches the child once (through us), and whatever it
 leaves in its process group (DataLoader workers) can be killed when it ends; what left the group
@@ -13,6 +13,8 @@ forwarded once and starts the grace period (one line says so); another one kills
 Exit code: the child's own; 128+N when signal N killed it, or when stopping signal N reached
 it and it was killed after the grace period or at a later signal (the run was stopped by N, as
 on the torchrun path).
+What runs the child (the companion, the supervisor, the process table) is imported by `run`:
+--dry_run imports this module for `describe` alone.
 """
 
 from __future__ import annotations
@@ -21,39 +23,45 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 
 from mpslaunch import output
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import DEFAULT_GRACE_SECONDS
-from mpslaunch.run.companion import Watch, watching
-from mpslaunch.run.processes import (MARKS_SEEN_WITHOUT_PSUTIL, PASSED_ON, RUN_MARKER,
-                                     STOPPING_SIGNALS, exit_code, linux_prctl, new_run_id,
-                                     warm_process_table)
-from mpslaunch.run.supervisor import Supervisor
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from mpslaunch.plan import LaunchPlan
+    from mpslaunch.run.companion import Run, Watch
+    from mpslaunch.run.supervisor import Supervisor
 
 
-def run_child(command: Sequence[str], env_additions: Mapping[str, str],
-              grace_seconds: float = DEFAULT_GRACE_SECONDS, log_dir: str | None = None,
-              watch: Watch | None = None, env_removals: Iterable[str] = (),
-              delivered: bool = False, held: Sequence[int] = ()) -> int:
-    """`delivered`: SLURM signals the child itself (supervisor.py), so nothing is forwarded;
-    `held`: stopping signals that came before the run's handlers (supervisor.holding_stops)."""
-    with watching(watch) as run:
-        code, returncode, tee = _run_child(command, env_additions, grace_seconds, log_dir, run,
-                                           env_removals, delivered, held)
-    run.ended(code, returncode, str(tee.folder) if tee else None)
+def describe(plan: LaunchPlan) -> str:
+    """What --dry_run prints: the plan itself."""
+    return plan.describe()
+
+
+def run(plan: LaunchPlan, watch: Watch, held: Sequence[int]) -> int:
+    """Run the plan's command as one child; return its exit code. `held`: stopping signals that
+    came before the run's handlers (supervisor.holding_stops)."""
+    from mpslaunch.run.companion import watching
+
+    with watching(watch) as companion:
+        code, returncode, tee = _run(plan, companion, held)
+    companion.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals, delivered,
-               held):
+def _run(plan: LaunchPlan, companion: Run, held: Sequence[int]):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
-    tee = _tee(log_dir) if log_dir else None
+    from mpslaunch.run.processes import (MARKS_SEEN_WITHOUT_PSUTIL, PASSED_ON, RUN_MARKER,
+                                         STOPPING_SIGNALS, exit_code, new_run_id,
+                                         warm_process_table)
+
+    tee = _tee(plan.log_dir) if plan.log_dir else None
     run_id, started = new_run_id(), time.time()
-    inherited = {key: value for key, value in os.environ.items() if key not in set(env_removals)}
-    env = {**inherited, **(tee.environment if tee else {}), **env_additions, RUN_MARKER: run_id}
-    child = _Child(run_id, grace_seconds, delivered, run.watch.report)
+    inherited = {key: value for key, value in os.environ.items() if key not in plan.removed}
+    env = {**inherited, **(tee.environment if tee else {}), **plan.env, RUN_MARKER: run_id}
+    child = _Child(run_id, plan.grace_period, plan.delivers_signals, companion.watch.report)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
     with child.supervisor.handling({**dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
                                     signal.SIGTSTP: child.job_control,
@@ -61,13 +69,13 @@ def _run_child(command, env_additions, grace_seconds, log_dir, run, env_removals
         if held:  # a stop came before these handlers: the script never starts
             return _stopped_before_the_start(held[0], tee), None, tee
         try:
-            process = subprocess.Popen(list(command), env=env, start_new_session=True,
+            process = subprocess.Popen(list(plan.command), env=env, start_new_session=True,
                                        preexec_fn=_parent_death_signal(),
                                        **(tee.popen_streams if tee else {}))
         except OSError as error:
-            raise MpslaunchError(f"cannot start {command[0]}: {error.strerror}") from None
+            raise MpslaunchError(f"cannot start {plan.command[0]}: {error.strerror}") from None
         child.attach(process)
-        run.follow(process.pid)
+        companion.follow(process.pid)
         if tee:
             tee.start(process)
         if not MARKS_SEEN_WITHOUT_PSUTIL:
@@ -110,6 +118,10 @@ class _Child:
 
     def __init__(self, run_id: str, grace_seconds: float, delivered: bool = False,
                  report: bool = False):
+        from mpslaunch.run.processes import STOPPING_SIGNALS
+        from mpslaunch.run.supervisor import Supervisor
+
+        self.stopping = STOPPING_SIGNALS  # those the supervisor stops the run with
         self.process: subprocess.Popen | None = None
         self.held: list[int] = []
         self.supervisor = Supervisor(run_id, grace_seconds, self.group, delivered=delivered,
@@ -121,7 +133,7 @@ class _Child:
     def attach(self, process: subprocess.Popen) -> None:
         self.process = process
         for signum in self.held:  # sent before the child existed: SLURM's did not reach it either
-            if signum in STOPPING_SIGNALS:
+            if signum in self.stopping:
                 self.supervisor.stop(signum, missed=True)
             else:
                 self.supervisor.send(signum)
@@ -132,7 +144,7 @@ class _Child:
     def signal(self, signum: int, _frame=None) -> None:
         if self.process is None:
             self.held.append(signum)
-        elif self.running() and signum in STOPPING_SIGNALS:
+        elif self.running() and signum in self.stopping:
             self.supervisor.stop(signum)
         elif self.running():
             self.supervisor.forward(signum)
@@ -156,6 +168,8 @@ def _tee(log_dir: str):
 
 def _parent_death_signal():
     """A preexec_fn asking Linux to SIGKILL the child if the launcher dies first; None elsewhere."""
+    from mpslaunch.run.processes import linux_prctl
+
     prctl = linux_prctl()  # loaded before the fork: the child only makes one system call
     if prctl is None:
         return None

@@ -39,6 +39,8 @@ installed torch lacks.
   process) and 2.6 and later (the agent) serve the ranks a store of their own, on a free port,
   on every interface (`c10d_ranks_share_the_rendezvous_store`);
 - ChildFailedError (get_first_failure, failures) ends a failed run;
+- the agent logs the failure that ends an attempt to the FAILURE_LOGGER as "failed (exitcode: N)
+  local_rank: R ...", the code and rank its first two arguments (`failures_logged`);
 - torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
   file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
   that much (and its copies) in the launcher at once. For the run it reads at most a given
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import logging
 import os
 import re
 import signal
@@ -214,6 +217,28 @@ def _tail_in_pieces(limit: int, header: str, file: str, dst, finished: threading
                 return
             else:
                 time.sleep(interval_sec)
+
+
+FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+@contextmanager
+def failures_logged(failed: Callable[[int, int], None]) -> Iterator[None]:
+    """For the run: `failed(exit code, local rank)` for each failure torch's agent logs as ending
+    an attempt; a record worded otherwise is passed over."""
+    def seen(record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        numbers = [arg for arg in args[:2] if isinstance(arg, int)]
+        if str(record.msg).startswith("failed (exitcode") and len(numbers) == 2:
+            failed(*numbers)
+        return True  # the record goes on as it would
+
+    logger = logging.getLogger(FAILURE_LOGGER)
+    logger.addFilter(seen)
+    try:
+        yield
+    finally:
+        logger.removeFilter(seen)
 
 
 def serve_store(own: str, port: int, descriptor: int | None):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from mpslaunch.run.torchrun.attempts import FAILURE_LOGGER, Attempts, following
+from mpslaunch.run.torch_internals import FAILURE_LOGGER, failures_logged
+from mpslaunch.run.torchrun.attempts import Attempts
 
 
 def envs(attempt: int, first_rank: int) -> dict[int, dict[str, str]]:
@@ -22,7 +23,7 @@ def torchs_failure_record(exitcode: int, local_rank: int) -> None:
 def test_each_restart_names_the_failed_rank_and_the_count():
     said = []
     attempts = Attempts(max_restarts=2, announce=said.append)
-    with following(attempts):
+    with failures_logged(attempts.failed):
         attempts.started(envs(0, first_rank=2))
         torchs_failure_record(7, local_rank=1)
         attempts.started(envs(1, first_rank=2))
@@ -45,7 +46,7 @@ def test_without_a_restart_nothing_is_said_and_nothing_counted():
 def test_a_failure_record_worded_otherwise_still_gives_the_restart_line():
     said = []
     attempts = Attempts(max_restarts=1, announce=said.append)
-    with following(attempts):
+    with failures_logged(attempts.failed):
         attempts.started(envs(0, first_rank=0))
         logging.getLogger(FAILURE_LOGGER).error("worker %s died", 1)
         attempts.started(envs(1, first_rank=0))

@@ -2,24 +2,19 @@
 
 After a failure, while restarts are left, torch's agent stops every rank of this machine and
 starts them again, and says so only in its own log, which the launcher silences. Two things
-it does are what the launcher follows: for each attempt it asks its LogsSpecs for the log
-folders (`reify`, with every rank's environment, TORCHELASTIC_RESTART_COUNT among it; see
-run/torch_internals.py), and the
-failure that ended an attempt goes to the torch.distributed.elastic.multiprocessing logger as
-"failed (exitcode: N) local_rank: R ...". When a torch version words that record differently,
-the restart line still comes, without the rank and code.
+it does are what the launcher follows (run/torch_internals.py): for each attempt it asks its
+LogsSpecs for the log folders (`started`, with every rank's environment,
+TORCHELASTIC_RESTART_COUNT among it), and it logs the failure that ended an attempt (`failed`).
+When a torch version words that record differently, the restart line still comes, without the
+rank and code.
 """
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from mpslaunch.run.torchrun.outcome import how_it_ended
-
-FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 
 @dataclass
@@ -41,6 +36,10 @@ class Attempts:
         self.ranks = {local: env.get("RANK", "?") for local, env in envs.items()}
         self.failure = None
 
+    def failed(self, exitcode: int, local_rank: int) -> None:
+        """torch's agent logged the failure that ends the attempt."""
+        self.failure = (exitcode, local_rank)
+
     def restart_line(self) -> str:
         if self.failure is None:
             cause = "a rank failed"
@@ -56,30 +55,3 @@ class Attempts:
             return ""
         plural = "s" if self.restarts > 1 else ""
         return f"{self.restarts} restart{plural} of --max_restarts {self.max_restarts}"
-
-
-class FailureRecords(logging.Handler):
-    """Takes the failure that ended an attempt from torch's log record (nothing is printed)."""
-
-    def __init__(self, attempts: Attempts):
-        super().__init__(logging.ERROR)
-        self.attempts = attempts
-
-    def emit(self, record: logging.LogRecord) -> None:
-        args = record.args if isinstance(record.args, tuple) else ()
-        if str(record.msg).startswith("failed (exitcode") and len(args) >= 2:
-            try:
-                self.attempts.failure = (int(args[0]), int(args[1]))
-            except (TypeError, ValueError):
-                pass
-
-
-@contextmanager
-def following(attempts: Attempts) -> Iterator[None]:
-    """For the run: failures logged by torch reach `attempts`."""
-    logger, handler = logging.getLogger(FAILURE_LOGGER), FailureRecords(attempts)
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)

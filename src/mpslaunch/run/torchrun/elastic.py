@@ -27,7 +27,7 @@ from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.logdir import keep_failed, temporary_log_dir, usable_log_dir
 from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
                                      new_run_id, rank_pids)
-from mpslaunch.run.torchrun.attempts import Attempts, following
+from mpslaunch.run.torchrun.attempts import Attempts
 from mpslaunch.run.torchrun.gate import Gate, agreed_terms
 from mpslaunch.run.torchrun.console import whole_rank_lines
 from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
@@ -37,8 +37,8 @@ from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest
                                             other_endings, stopped_ranks, stopped_summary)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
 from mpslaunch.run.torch_internals import (Elastic, bound_store,
-                                          c10d_ranks_share_the_rendezvous_store, graceful_stops,
-                                          missing, torch_takes_no_signals, tune)
+                                          c10d_ranks_share_the_rendezvous_store, failures_logged,
+                                          graceful_stops, missing, torch_takes_no_signals, tune)
 
 
 class LaunchFailed(MpslaunchError):
@@ -51,6 +51,7 @@ class LaunchFailed(MpslaunchError):
 
 
 def describe(plan: LaunchPlan) -> str:
+    """What --dry_run prints: the plan, torchrun's equivalent command and what each rank gets."""
     rendezvous = rendezvous_for(plan, run_id="mpslaunch-<new for each run>")
     port_text = FREE_PORT if rendezvous.local and rendezvous.port == 0 else None
     argv = arguments(plan, rendezvous, port_text, plan.log_dir)
@@ -127,27 +128,26 @@ def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
 # ---------------------------------------------------------------- running
 
 
-def run(plan: LaunchPlan, grace_seconds: float, watch: Watch | None = None,
-        held: Sequence[int] = ()) -> int:
+def run(plan: LaunchPlan, watch: Watch, held: Sequence[int]) -> int:
     """Run the plan through torch's elastic agent; return the launcher's exit code. `held`:
     stopping signals that came before the run's handlers (supervisor.holding_stops)."""
     # The marker is this launcher's own: the rendezvous id is shared by all machines of a run,
     # some of which may share this host.
     run_id = new_run_id()
     with watching(watch, lambda: rank_pids(run_id)) as companion:
-        code = _run(plan, grace_seconds, run_id, companion.watch.report, held)
+        code = _run(plan, run_id, companion.watch.report, held)
     companion.ended(code, log_folder=plan.log_dir)
     return code
 
 
-def _run(plan: LaunchPlan, grace_seconds: float, run_id: str, report: bool,
-         held: Sequence[int]) -> int:
+def _run(plan: LaunchPlan, run_id: str, report: bool, held: Sequence[int]) -> int:
     rendezvous = _new_rendezvous(plan)
     started, callers_children = time.time(), child_pids()
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
-    delivered = plan.cluster is not None and plan.cluster.delivers_signals
-    with LauncherSignals(grace_seconds, run_id, _say if report else None, delivered) as signals, \
+    grace_seconds = plan.grace_period
+    with LauncherSignals(grace_seconds, run_id, _say if report else None,
+                         plan.delivers_signals) as signals, \
             adopt_orphans(), _LogFolder(plan.log_dir) as logs:
         for signum in held:
             signals.watcher.stop(signum)
@@ -194,7 +194,7 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
         for line in missing():
             _say(f"mpslaunch: note: {line}")
         try:
-            with whole_rank_lines(), following(attempts), \
+            with whole_rank_lines(), failures_logged(attempts.failed), \
                     graceful_stops(grace_seconds, signals) as stops, torch_takes_no_signals(), \
                     signals.interruptible():
                 elastic.launch(config, entrypoint)(*entry_args)
