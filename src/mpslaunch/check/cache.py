@@ -3,7 +3,7 @@
 A script is launched again and again unchanged; the second launch then reads its findings
 instead of parsing it. Each script and plan keeps a small entry of its own, so a launch reads
 only its own and concurrent launches never rewrite each other's. An entry is keyed on the
-rules (their declarations and code: registry.digest), holds the digest of every file read (the
+rules (the check's source files: rules_digest), holds the digest of every file read (the
 content decides, not the size and the time), the module files that were looked for and missing
 (one added later means a fresh check), and the first findings, the ones launch shows, with
 their count. A damaged entry means a fresh check that rewrites it; an
@@ -20,9 +20,9 @@ from __future__ import annotations
 import marshal
 import os
 import time
+from functools import cache
 
 from mpslaunch import __version__, record
-from mpslaunch.check import registry
 from mpslaunch.check.fingerprint import digest, listing
 from mpslaunch.check.target import Target
 from mpslaunch.settings import current_folder, open_regular
@@ -38,6 +38,7 @@ SUFFIX = ".marshal"  # an entry's; any other file there but a temporary one is a
 SHOWN = 5  # the findings launch shows; the others are only counted
 MOST_ENTRIES = 256  # past this, the entries written longest ago go
 MOST_BYTES = 4_000_000  # more than the check reads of a file: a file that grew past it changed
+CHECK_FOLDER = os.path.dirname(__file__)
 
 
 @record
@@ -48,8 +49,25 @@ class Kept:
 
 def key(script: str | Path, target: Target) -> str:
     """Findings name files relative to the working folder, so it is part of the key."""
-    return (f"{__version__} | {registry.digest()} | {current_folder()} | {os.path.realpath(script)} "
+    return (f"{__version__} | {rules_digest()} | {current_folder()} | {os.path.realpath(script)} "
             f"| {target}")
+
+
+@cache  # once per process
+def rules_digest(folder: str = CHECK_FOLDER) -> str:
+    """What the findings of a check rest on besides the files read: the check's source files in
+    `folder`, by name, size and time, which change when a rule is declared (registry.py) or its
+    code edited, or the package installed anew. Where the folder cannot be listed, the
+    declarations themselves (a launch otherwise never imports registry.py, the rule table)."""
+    try:
+        with os.scandir(folder) as entries:
+            files = sorted((entry.name, entry.stat()) for entry in entries if entry.name.endswith(".py"))
+        parts = [f"{name} {status.st_size} {status.st_mtime_ns}" for name, status in files]
+    except OSError:
+        from mpslaunch.check import registry
+
+        parts = [repr(registry.RULES)]
+    return digest("\n".join(parts).encode("utf-8", "surrogateescape"))
 
 
 def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
