@@ -17,10 +17,10 @@ entries of its own version (the plan's Python is part of the key).
 
 from __future__ import annotations
 
+import functools
 import marshal
 import os
 import time
-from functools import cache
 
 from mpslaunch import __version__, record
 from mpslaunch.check.fingerprint import digest, listing
@@ -53,7 +53,7 @@ def key(script: str | Path, target: Target) -> str:
             f"| {target}")
 
 
-@cache  # once per process
+@functools.cache  # once per process
 def rules_digest(folder: str = CHECK_FOLDER) -> str:
     """What the findings of a check rest on besides the files read: the check's source files in
     `folder`, by name, size and time, which change when a rule is declared (registry.py) or its
