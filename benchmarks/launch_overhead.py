@@ -9,7 +9,9 @@ launch pass.py` (default path) and `mpslaunch launch --cpu -q pass.py` against `
 where pass.py does nothing: the difference is the launcher's fixed cost; s.py imports torch,
 like the start of any training script. The commands alternate, medians compared, with each
 command's peak memory; the launcher's own peak memory beside a torch child is read while that
-child runs. `--also-src DIR` measures another checkout's sources the same way, side by side.
+child runs. `--also-src DIR` measures another checkout's sources the same way, side by side;
+`--instructions` also counts each in-process case's instructions under valgrind, a figure that
+other work on the machine does not move.
 """
 
 from __future__ import annotations
@@ -189,6 +191,41 @@ def in_process(sources: dict[str, str | None], folder: Path, script: Path, runs:
                   + "   ".join(shown((label, machine, flags)) for label in sources))
 
 
+def instructions_millions(script: Path, machine: str, flags: list[str], env: dict[str, str]) -> float:
+    """Millions of instructions one in-process run executes, from Python's start to the child's
+    Popen (valgrind's callgrind): the same on a loaded machine as on a quiet one. A run that
+    forks on the way (pmset on the described Mac) reports each process: the launcher's is the
+    largest."""
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                           sys.executable, "-c", IN_PROCESS, str(script), machine, *flags],
+                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    counts = [int(line.split()[-1].replace(",", "")) for line in done.stderr.splitlines()
+              if "Collected :" in line]
+    if "MPSLAUNCH-BENCH " not in done.stderr or not counts:
+        raise SystemExit(f"the run under valgrind on {machine} failed:\n{done.stderr[-2000:]}")
+    return max(counts) / 1e6
+
+
+def instructions(sources: dict[str, str | None], folder: Path, script: Path) -> None:
+    """The in-process cases counted in instructions (one run each, after a warm-up), per checkout."""
+    envs = {label: isolated_environment(folder / f"{label}-instructions", src)
+            for label, src in sources.items()}
+    for env in envs.values():
+        subprocess.run([sys.executable, "-c", KEEP_MPS_VERDICT], env=env, check=True)
+    first = next(iter(sources))
+    print(f"\ninstructions from Python's start to the child's Popen, millions (callgrind); "
+          f"columns: {', '.join(sources)}")
+    for machine, name, flags in [("floor", "Python alone, importing subprocess", ""),
+                                 ("floor-ctypes", "... and ctypes with libc prctl (Linux)", "")] + [
+            (machine, f"{name:37} {flags or 'default path':12}", flags)
+            for machine, name in MACHINES.items() for flags in ("", "--cpu -q")]:
+        counts = []
+        for label in (sources if not machine.startswith("floor") else [first]):
+            in_process_ms(script, machine, flags.split(), envs[label])  # the findings kept
+            counts.append(instructions_millions(script, machine, flags.split(), envs[label]))
+        print(f"  {name:50}  " + "   ".join(f"{count:7.1f}" for count in counts))
+
+
 INTERPRETER_START = ("site", "encodings", "_frozen_importlib_external", "zipimport", "codecs")
 
 
@@ -276,6 +313,9 @@ def main() -> int:
                         help="also show the costliest imports of the default launch (-X importtime)")
     parser.add_argument("--only", choices=("in-process", "whole"),
                         help="run one of the two measures")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count the in-process cases' instructions (valgrind): steady "
+                             "where other work loads the machine")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mpslaunch-bench-"))
     for name, text in (("s.py", SCRIPT), ("sleepy.py", SLEEPY_SCRIPT), ("pass.py", NOTHING)):
@@ -291,6 +331,8 @@ def main() -> int:
             in_process(sources, folder, folder / "pass.py", options.in_process_runs)
             if options.importtime:
                 import_times(sources, folder, folder / "pass.py", options.importtime)
+            if options.instructions:
+                instructions(sources, folder, folder / "pass.py")
         if options.only != "in-process":
             whole_process(sources, folder, options.runs, options.with_accelerate)
         print(json.dumps({"load average": os.getloadavg()}))

@@ -200,9 +200,9 @@ def test_launch_keeps_the_findings_until_a_file_changes(tmp_path, isolated_cache
 
     assert warnings() == [["train.py", "4"]]
     [entry] = (isolated_cache_dir / "script-checks").iterdir()  # one small file per script and plan
-    assert "train.py" in entry.read_text()
+    assert b"train.py" in entry.read_bytes()
     assert warnings() == [["train.py", "4"]]  # read back
     write_script(tmp_path, "helpers.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2).cuda()\n")
     assert warnings() == [["train.py", "4"], ["helpers.py", "5"]]  # a local module changed
-    entry.write_text("{not json")
+    entry.write_bytes(b"{not marshal")
     assert warnings() == [["train.py", "4"], ["helpers.py", "5"]]  # a damaged cache: checked again

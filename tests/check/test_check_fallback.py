@@ -6,6 +6,7 @@ use mps), as in tests/commands/test_described_mac.py; the check itself is real."
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def test_check_for_a_mac_names_the_fallback_and_what_to_write():
 def test_launch_on_a_mac_shows_the_fallback_before_what_stops_the_run(tmp_path, isolated_cache_dir):
     key = torch_check.cache_key(sys.executable, probe().torch_version, BUILD)
     works = torch_check.MpsAnswer(True, "works", "", "2026-01-01 10:00")
-    (isolated_cache_dir / torch_check.CACHE_FILE).write_text(json.dumps({key: works._asdict()}))
+    (isolated_cache_dir / torch_check.CACHE_FILE).write_bytes(marshal.dumps({key: works._asdict()}))
     body = (SCRIPTS / "fallback_tutorial.py").read_text() + "\ntorch.load('weights.pt')\nnet.cuda()\n"
     script = write_script(tmp_path, "train.py", body)
     result = subprocess.run([sys.executable, "-c", ON_A_MAC, "launch", "--dry-run", str(script)],

@@ -6,6 +6,7 @@ findings that must follow the files' content, stay small and survive concurrent 
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -83,9 +84,9 @@ def test_a_damaged_entry_is_checked_again_and_rewritten(tmp_path, isolated_cache
     for damage in (nulled, lambda entry: {"findings": "many"}, None):
         for path in cache_files(isolated_cache_dir):
             if damage is None:
-                path.write_bytes(b"\x00{not json")
+                path.write_bytes(b"\x00{not marshal")
             else:
-                path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+                path.write_bytes(marshal.dumps(damage(marshal.loads(path.read_bytes()))))
         assert warnings_of(run_cli("launch", "--dry-run", "--cpu", "train.py", cwd=tmp_path)) == first
     monkeypatch.chdir(tmp_path)  # where the launches ran
     assert cache.read(Path("train.py"), Target("cpu", 1, "Linux"), isolated_cache_dir) is not None  # rewritten
@@ -318,12 +319,14 @@ def test_kept_findings_round_trip_and_refuse_any_other_shape(tmp_path):
     assert cache.read(script, target, folder) == saved
     assert cache.read(script, Target("mps", 1, "Darwin"), folder) is None  # another plan
     [entry] = (folder / cache.ENTRIES).iterdir()
-    kept = json.loads(entry.read_text())
+    kept = marshal.loads(entry.read_bytes())
     for damaged in ({**kept, "count": 2}, {**kept, "count": True}, {**kept, "read": [["x"]]},
                     {**kept, "absent": [None]}, {**kept, "findings": [{**kept["findings"][0], "line": "3"}]},
                     {**kept, "key": "another"}, [kept]):
-        entry.write_text(json.dumps(damaged))
+        entry.write_bytes(marshal.dumps(damaged))
         assert cache.read(script, target, folder) is None, damaged
-    entry.write_text(json.dumps(kept))
+    entry.write_bytes(marshal.dumps(kept)[:40])  # cut short
+    assert cache.read(script, target, folder) is None
+    entry.write_bytes(marshal.dumps(kept))
     (tmp_path / "helpers.py").write_text("import torch\n\nnet = torch.nn.Linear(2, 2).cpu()\n")
     assert cache.read(script, target, folder) is None  # a module's content changed

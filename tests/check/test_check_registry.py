@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import REPO, write_script
 
-from mpslaunch.check import Target, registry
+import mpslaunch
+from mpslaunch.check import Target, cache, registry
 from mpslaunch.check import rules as _rules  # noqa: F401 - imports the code behind each rule
 
 
@@ -40,42 +43,61 @@ def test_the_plans_of_a_rule_decide_where_it_speaks():
                    if not rule.name.startswith("workers-"))
 
 
-# A launch on this machine with one more rule declared: `print()` named as a finding.
-WITH_ANOTHER_RULE = """
-import sys
-from mpslaunch import commands as cli
-from mpslaunch.check import registry
+# One more rule, declared and implemented in a copy of the package: `print()` named as a finding.
+ANOTHER_RULE = """
+RULES += (Rule("print-call", NO_CUDA, "print()", ("print",), ("print(",),
+               {"print": "print() writes to the console"}, {"print": "use logging"}, breaks=False),)
+BY_NAME = {rule.name: rule for rule in RULES}
+"""
+ITS_CODE = """
 
-rule = registry.Rule("print-call", registry.NO_CUDA, "print()", ("print",), ("print(",),
-                     {"print": "print() writes to the console"}, {"print": "use logging"}, breaks=False)
-registry.RULES += (rule,)
-registry.BY_NAME[rule.name] = rule
-registry.implements(rule.name)(lambda rules, call, where, name, qualified:
-                               rules.add(where, call, "print-call", "print"))
-sys.exit(cli.main(sys.argv[1:]))
+@implements("print-call")
+def _print_call(rules, call, where, name, qualified):
+    rules.add(where, call, "print-call", "print")
 """
 
 
-def launch_warnings(tmp_path, *python: str) -> list[str]:
-    result = subprocess.run([sys.executable, *python, "launch", "--dry-run", "--cpu", "train.py"],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=os.environ.copy())
+def launch_warnings(tmp_path, package: Path | None = None) -> list[str]:
+    """The warnings of a launch of train.py, by the installed mpslaunch or the one in `package`."""
+    env = {**os.environ, **({"PYTHONPATH": str(package)} if package else {})}
+    result = subprocess.run([sys.executable, "-m", "mpslaunch", "launch", "--dry-run", "--cpu", "train.py"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     return [line for line in result.stderr.splitlines() if line.startswith("mpslaunch: warning: ")]
 
 
+def with_another_rule(folder: Path) -> Path:
+    """A copy of the mpslaunch package in `folder` whose check has one more rule."""
+    copy = folder / "mpslaunch"
+    shutil.copytree(Path(mpslaunch.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "check" / "registry.py", "a") as registry_file:
+        registry_file.write(ANOTHER_RULE)
+    with open(copy / "check" / "precision.py", "a") as code_file:
+        code_file.write(ITS_CODE)
+    return folder
+
+
 def test_a_rule_added_changes_what_launch_shows_for_a_script_seen_before(tmp_path, isolated_cache_dir):
     write_script(tmp_path, "train.py", "import torch\n\nprint(torch.ones(2).sum())\n")
-    assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # checked, and the (empty) findings kept
-    assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # read back
+    edited = with_another_rule(tmp_path / "edited")
+    assert launch_warnings(tmp_path) == []  # checked, and the (empty) findings kept
+    assert launch_warnings(tmp_path) == []  # read back
     # the script is unchanged; the rules are not
-    assert launch_warnings(tmp_path, "-c", WITH_ANOTHER_RULE) == [
+    assert launch_warnings(tmp_path, edited) == [
         "mpslaunch: warning: train.py:3: print() writes to the console; use logging"]
-    assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # and back without it
+    assert launch_warnings(tmp_path) == []  # and back without it
     assert len(list((isolated_cache_dir / "script-checks").iterdir())) == 2  # one entry per set of rules
 
 
-def test_the_rules_digest_follows_the_declarations(monkeypatch):
-    before = registry.digest()
-    monkeypatch.setattr(registry, "_digest", [])
+def test_the_rules_digest_follows_the_check_s_files_or_else_the_declarations(tmp_path, monkeypatch):
+    copy = tmp_path / "check"
+    shutil.copytree(cache.CHECK_FOLDER, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = cache.rules_digest(str(copy))
+    (copy / "registry.py").write_text((copy / "registry.py").read_text() + "\n")
+    cache.rules_digest.cache_clear()
+    assert cache.rules_digest(str(copy)) != before
+    unlisted = cache.rules_digest(str(tmp_path / "gone"))
+    cache.rules_digest.cache_clear()
     monkeypatch.setattr(registry, "RULES", registry.RULES[:-1])
-    assert registry.digest() != before
+    assert cache.rules_digest(str(tmp_path / "gone")) != unlisted
+    cache.rules_digest.cache_clear()

@@ -6,6 +6,7 @@ Linux itself: nothing is asked and nothing is kept."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -43,29 +44,36 @@ def cache_file(folder):
     return folder / torch_check.CACHE_FILE
 
 
+def read_kept(folder) -> dict:
+    return marshal.loads(cache_file(folder).read_bytes())
+
+
+def write_kept(folder, entries: dict) -> None:
+    cache_file(folder).write_bytes(marshal.dumps(entries))
+
+
 def keep(folder, answer: torch_check.MpsAnswer) -> None:
     key = torch_check.cache_key(sys.executable, probe().torch_version, BUILD)
-    cache_file(folder).write_text(json.dumps({key: answer._asdict()}))
+    write_kept(folder, {key: answer._asdict()})
 
 
 def test_the_first_launch_asks_torch_later_ones_read_the_kept_answer(tmp_path, isolated_cache_dir):
     script = write_script(tmp_path, "train.py", "print('ran')\n")
-    cache_file(isolated_cache_dir).write_text('{"half a cache": ')  # damaged: ignored, rewritten
+    cache_file(isolated_cache_dir).write_bytes(marshal.dumps({"half a cache": 1})[:-3])  # damaged: ignored, rewritten
     first = on_a_mac("launch", "--dry-run", str(script))
     assert first.returncode == 0, first.stderr
     assert "checking once that torch can use mps" in first.stderr
     assert "device:          cpu" in first.stdout
     assert "reason:          cpu: torch " in first.stdout and "cannot use mps on this Mac: this torch build has no mps (checked " in first.stdout
     assert "mps check:       not usable: this torch build has no mps (checked " in first.stdout
-    kept = json.loads(cache_file(isolated_cache_dir).read_text())
+    kept = read_kept(isolated_cache_dir)
     assert [key.endswith(f"| build {BUILD}") and key.startswith(sys.executable) for key in kept] == [True]
 
     second = on_a_mac("launch", "--dry-run", str(script))
     assert "checking" not in second.stderr and second.stdout == first.stdout
 
     (entry,) = kept.values()
-    cache_file(isolated_cache_dir).write_text(json.dumps(
-        {key: {**entry, "detail": "what the cache says"} for key in kept}))
+    write_kept(isolated_cache_dir, {key: {**entry, "detail": "what the cache says"} for key in kept})
     third = on_a_mac("launch", "--dry-run", str(script))
     assert "cannot use mps on this Mac: what the cache says" in third.stdout
 
@@ -113,7 +121,7 @@ def test_env_asks_again_and_replaces_the_kept_answer(isolated_cache_dir):
     assert facts["mps_verdict"].startswith("not usable: this torch build has no mps (checked ")
     assert "2000-01-01" not in facts["mps_verdict"]
     assert facts["launcher_choice"].startswith("cpu: torch ")
-    (entry,) = json.loads(cache_file(isolated_cache_dir).read_text()).values()
+    (entry,) = read_kept(isolated_cache_dir).values()
     assert entry["usable"] is False and entry["checked_at"] != "2000-01-01 00:00"
 
 
@@ -160,8 +168,8 @@ facts._accelerate_version = lambda: "1.10.1"
 def test_the_dry_run_and_the_launch_name_the_known_faults_of_this_torch_and_accelerate(
         tmp_path, isolated_cache_dir):
     key = torch_check.cache_key(sys.executable, "2.12.1", BUILD)
-    cache_file(isolated_cache_dir).write_text(json.dumps(
-        {key: torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02")._asdict()}))
+    write_kept(isolated_cache_dir,
+               {key: torch_check.MpsAnswer(True, "works", "", "2026-03-19 14:02")._asdict()})
     script = write_script(tmp_path, "train.py", "print('ran')\n")
     sysctls = {"kern.osproductversion": "15.5", "kern.osversion": BUILD,
                "machdep.cpu.brand_string": "Apple M2 Max", "kern.hv_vmm_present": "0"}
@@ -212,7 +220,7 @@ def test_the_mps_check_never_imports_from_the_users_folder(tmp_path, isolated_ca
     assert first.returncode == 0, first.stderr
     assert "cannot use mps on this Mac: this torch build has no mps (checked " in first.stdout
     assert sorted(path.name for path in tmp_path.glob("*.imported")) == []
-    (entry,) = json.loads(cache_file(isolated_cache_dir).read_text()).values()
+    (entry,) = read_kept(isolated_cache_dir).values()
     assert entry["detail"] == "this torch build has no mps"
 
 
@@ -252,5 +260,5 @@ def test_a_check_that_cannot_import_torch_is_said_and_never_kept(tmp_path, isola
     again = on_a_mac("launch", "--dry-run", str(script))  # torch as installed: asked, and kept
     assert "checking once that torch can use mps" in again.stderr
     assert "cannot use mps on this Mac: this torch build has no mps (checked " in again.stdout
-    (entry,) = json.loads(cache_file(isolated_cache_dir).read_text()).values()
+    (entry,) = read_kept(isolated_cache_dir).values()
     assert entry["detail"] == "this torch build has no mps"

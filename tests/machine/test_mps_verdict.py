@@ -4,7 +4,7 @@ Through the CLI on a described Mac: tests/commands/test_described_mac.py."""
 
 from __future__ import annotations
 
-import json
+import marshal
 import sys
 
 import pytest
@@ -164,22 +164,26 @@ def test_the_checks_child_gets_the_users_environment_less_what_is_not_about_torc
         "PYTHONSAFEPATH": "1"}
 
 
-@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"KEY": {"usable": true}}', ""])
+@pytest.mark.parametrize("damage", ["not marshal", "a list", "an entry of another shape",
+                                    "keys that are not names", "empty", "cut short"])
 def test_a_damaged_cache_is_ignored_and_rewritten(isolated_cache_dir, damage):
     key = mps_cache_key(described_mac())
     path = isolated_cache_dir / torch_check.CACHE_FILE
-    path.write_text(damage.replace("KEY", key.replace("\\", "\\\\")))
+    path.write_bytes({"not marshal": b"{not marshal", "a list": marshal.dumps([1, 2]),
+                      "an entry of another shape": marshal.dumps({key: {"usable": True}}),
+                      "keys that are not names": marshal.dumps({key: {1: 2}}), "empty": b"",
+                      "cut short": marshal.dumps({key: MPS_WORKS._asdict()})[:-5]}[damage])
     assert torch_check.read_cached(key) is None
     torch_check.save(key, MPS_WORKS)
     assert torch_check.read_cached(key) == MPS_WORKS
-    assert list(json.loads(path.read_text())) == [key]
+    assert list(marshal.loads(path.read_bytes())) == [key]
     assert [p.name for p in isolated_cache_dir.iterdir()] == [torch_check.CACHE_FILE]
 
 
 def test_the_cache_keeps_the_latest_entries(isolated_cache_dir):
     for number in range(25):
         torch_check.save(f"python | torch 2.{number} | build X", MPS_WORKS)
-    kept = json.loads((isolated_cache_dir / torch_check.CACHE_FILE).read_text())
+    kept = marshal.loads((isolated_cache_dir / torch_check.CACHE_FILE).read_bytes())
     assert list(kept) == [f"python | torch 2.{number} | build X" for number in range(5, 25)]
 
 

@@ -10,7 +10,6 @@ runs: a launch that reads kept findings (cache.py) needs neither.
 from __future__ import annotations
 
 from mpslaunch import lazy_names
-from mpslaunch.check.report import Finding, Report, ordered
 from mpslaunch.check.target import Target, described_target
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
@@ -18,6 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from mpslaunch.check.reading import Sources
+    from mpslaunch.check.report import Report
 
 __all__ = ["Finding", "Report", "Target", "check_script", "described_target"]
 
@@ -34,6 +34,7 @@ def check_script(path: Path, target: Target, whole: bool = True) -> Report:
 def check_sources(sources: Sources, target: Target) -> Report:
     """The findings for `target` in sources already read."""
     from mpslaunch.check.reading import TOO_DEEP, Unchecked
+    from mpslaunch.check.report import Report, ordered
     from mpslaunch.check.rules import Rules
     from mpslaunch.check.scan import prepare
     from mpslaunch.check.walk import walk_project
@@ -54,5 +55,6 @@ def check_sources(sources: Sources, target: Target) -> Report:
                   ordered(findings))
 
 
-# What the command line takes from here besides the above, imported on first use.
-__getattr__ = lazy_names(__name__, {"before_launch": ("Interrupted",), "report": ("as_json", "as_text")})
+# Imported on first use: a launch that reads kept findings, none of them, needs no report.
+__getattr__ = lazy_names(__name__, {"before_launch": ("Interrupted",),
+                                    "report": ("Finding", "Report", "ordered", "as_json", "as_text")})

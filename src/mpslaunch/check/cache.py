@@ -3,23 +3,27 @@
 A script is launched again and again unchanged; the second launch then reads its findings
 instead of parsing it. Each script and plan keeps a small entry of its own, so a launch reads
 only its own and concurrent launches never rewrite each other's. An entry is keyed on the
-rules (their declarations and code: registry.digest), holds the digest of every file read (the
+rules (the check's source files: rules_digest), holds the digest of every file read (the
 content decides, not the size and the time), the module files that were looked for and missing
 (one added later means a fresh check), and the first findings, the ones launch shows, with
 their count. A damaged entry means a fresh check that rewrites it; an
 entry that cannot be written costs only a check next time and leaves nothing behind.
+
+An entry is written with `marshal`, as Python keeps its own compiled modules: it is built in,
+where `json` compiles six regular expressions at its import, which every launch would pay for.
+It holds only strings, numbers, booleans, None, lists and dicts, and a Python reads only the
+entries of its own version (the plan's Python is part of the key).
 """
 
 from __future__ import annotations
 
-import json
+import functools
+import marshal
 import os
 import time
 
 from mpslaunch import __version__, record
-from mpslaunch.check import registry
 from mpslaunch.check.fingerprint import digest, listing
-from mpslaunch.check.report import Finding, Report
 from mpslaunch.check.target import Target
 from mpslaunch.settings import current_folder, open_regular
 
@@ -27,10 +31,14 @@ TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at ev
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from mpslaunch.check.report import Finding, Report
+
 ENTRIES = "script-checks"  # the folder of entries, in the cache folder
+SUFFIX = ".marshal"  # an entry's; any other file there but a temporary one is an old entry
 SHOWN = 5  # the findings launch shows; the others are only counted
 MOST_ENTRIES = 256  # past this, the entries written longest ago go
 MOST_BYTES = 4_000_000  # more than the check reads of a file: a file that grew past it changed
+CHECK_FOLDER = os.path.dirname(__file__)
 
 
 @record
@@ -41,8 +49,25 @@ class Kept:
 
 def key(script: str | Path, target: Target) -> str:
     """Findings name files relative to the working folder, so it is part of the key."""
-    return (f"{__version__} | {registry.digest()} | {current_folder()} | {os.path.realpath(script)} "
+    return (f"{__version__} | {rules_digest()} | {current_folder()} | {os.path.realpath(script)} "
             f"| {target}")
+
+
+@functools.cache  # once per process
+def rules_digest(folder: str = CHECK_FOLDER) -> str:
+    """What the findings of a check rest on besides the files read: the check's source files in
+    `folder`, by name, size and time, which change when a rule is declared (registry.py) or its
+    code edited, or the package installed anew. Where the folder cannot be listed, the
+    declarations themselves (a launch otherwise never imports registry.py, the rule table)."""
+    try:
+        with os.scandir(folder) as entries:
+            files = sorted((entry.name, entry.stat()) for entry in entries if entry.name.endswith(".py"))
+        parts = [f"{name} {status.st_size} {status.st_mtime_ns}" for name, status in files]
+    except OSError:
+        from mpslaunch.check import registry
+
+        parts = [repr(registry.RULES)]
+    return digest("\n".join(parts).encode("utf-8", "surrogateescape"))
 
 
 def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
@@ -50,7 +75,7 @@ def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
     wanted = key(script, target)
     try:
         with open(open_regular(os.path.join(folder, ENTRIES, _name(wanted))), "rb") as file:
-            entry = json.loads(file.read())
+            entry = marshal.loads(file.read())
         if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"], entry["listed"]):
             return None
         findings = tuple(_finding(item) for item in entry["findings"])
@@ -58,7 +83,7 @@ def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
         if type(count) is not int or not len(findings) <= count or len(findings) > SHOWN:
             return None
         return Kept(findings, count)
-    except (TypeError, KeyError, ValueError, AttributeError, OSError):
+    except (TypeError, KeyError, ValueError, AttributeError, EOFError, OSError):
         return None  # no entry, or one of another shape: checked again, then rewritten
 
 
@@ -75,7 +100,7 @@ def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent
     entries = Path(folder, ENTRIES)
     try:
         entries.mkdir(parents=True, exist_ok=True)
-        _write(entries / _name(entry["key"]), json.dumps(entry))
+        _write(entries / _name(entry["key"]), marshal.dumps(entry))
         _prune(entries)
     except OSError:
         pass  # a full disk, a read-only cache: checked again next time
@@ -83,7 +108,7 @@ def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent
 
 
 def _name(wanted: str) -> str:
-    return digest(wanted.encode("utf-8", "surrogateescape")) + ".json"
+    return digest(wanted.encode("utf-8", "surrogateescape")) + SUFFIX
 
 
 def _unchanged(read: list, absent: list, listed: list | None) -> bool:
@@ -107,6 +132,8 @@ _TEXT = ("file", "rule", "message", "fix")
 
 def _finding(item: dict) -> Finding:
     """A kept finding, checked field by field: a damaged one raises ValueError."""
+    from mpslaunch.check.report import Finding  # only for an entry with findings
+
     if set(item) != set(Finding._fields):
         raise ValueError("another shape")
     if (any(type(item[name]) is not str for name in _TEXT) or type(item["line"]) is not int
@@ -117,12 +144,12 @@ def _finding(item: dict) -> Finding:
     return Finding(**item)
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, data: bytes) -> None:
     """Write through a temporary file, removed whatever happens (a full disk, Ctrl-C): readers
     see the old entry or the new one."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        partial.write_text(text, encoding="utf-8")
+        partial.write_bytes(data)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
@@ -137,7 +164,7 @@ def _prune(entries: Path) -> None:
             modified = path.stat().st_mtime
             if path.name.endswith(".tmp") and now - modified > 600:
                 path.unlink(missing_ok=True)
-            elif path.name.endswith(".json"):
+            elif not path.name.endswith(".tmp"):
                 kept.append((modified, path))
         except OSError:
             continue  # removed meanwhile by another launch

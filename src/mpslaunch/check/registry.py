@@ -2,8 +2,8 @@
 says happens and what to write instead. docs/check.md's table is held to these declarations
 (tests/check/test_check_registry.py); the code that decides where a rule speaks registers itself
 here under the rule's name (`implements`), and the walk hands it only what its declaration
-asks for. The kept findings (cache.py) are keyed on `digest()`, so a rule added or changed
-means a fresh check of a script seen before.
+asks for. The kept findings (cache.py) are keyed on this package's source files, so a rule
+added or changed means a fresh check of a script seen before.
 
 A message or a fix is a template (`str.format` fields the rule fills in, and `device`, `on`,
 `device_fix` from the plan); a mapping of templates by device where the plan changes the words.
@@ -204,31 +204,3 @@ def implements(name: str) -> Callable:
             IMPLEMENTATIONS[name] = type(f"Check_{name}", (Check,), {"function": staticmethod(code)})
         return code
     return register
-
-
-# ---------------------------------------------------------------- what the kept findings rest on
-
-
-_digest: list[str] = []  # worked out once per process
-
-
-def digest() -> str:
-    """What the findings of a check rest on besides the files read: the declarations, and this
-    package's source files (their sizes and times: they change when a rule is edited or
-    installed anew)."""
-    if not _digest:
-        import os
-
-        from mpslaunch.check.fingerprint import digest as blake
-
-        parts = [repr(RULES)]
-        try:
-            with os.scandir(os.path.dirname(__file__)) as entries:
-                for entry in sorted(entries, key=lambda entry: entry.name):
-                    if entry.name.endswith(".py"):
-                        status = entry.stat()
-                        parts.append(f"{entry.name} {status.st_size} {status.st_mtime_ns}")
-        except OSError:  # an installed copy that cannot be listed: the version still counts
-            pass
-        _digest.append(blake("\n".join(parts).encode()))
-    return _digest[0]

@@ -4,18 +4,21 @@ network (network.py), the memory its control group leaves a run (limits.py); on 
 awake and its power source (power.py); the SLURM job and step it runs in, read from the
 environment (slurm.py). Probed with the standard library only: the launcher never imports torch.
 Tests describe other computers as `Machine` values. torch's verdict, the power source and the
-SLURM reader are imported on first use; a launch outside SLURM only asks `slurm_seen`.
+SLURM reader are imported on first use (and the network and memory-limit readers); a launch
+outside SLURM only asks `slurm_seen`.
 """
 
 from mpslaunch import lazy_names
 from mpslaunch.machine.facts import (Machine, available_memory, cpu_brand, memory_pressure_level,
                                      memory_stall_microseconds, mps_cache_key, peak_resident_bytes,
                                      probe, verify_mps, version_tuple, with_torch_facts)
-from mpslaunch.machine.limits import memory_limit_left
-from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, loopback_interface,
-                                       plain_address, with_addresses, with_own_name)
 
+# Imported on first use: a one-machine launch needs no address, and the memory limit is read
+# while the run lasts.
 __getattr__ = lazy_names(__name__, {
+    "limits": ("memory_limit_left",),
+    "network": ("address_and_port", "endpoint", "is_loopback", "loopback_interface", "plain_address",
+                "with_addresses", "with_own_name"),
     "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "is_torchs_own", "run_torch_check"),
     "power": ("CAFFEINATE",),
     "slurm": ("MAX_NODES", "SlurmAllocation", "SlurmConfig", "SlurmStep", "SlurmVariableError",

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from itertools import takewhile
 
 from mpslaunch import record
 
@@ -123,7 +124,8 @@ def mps_cache_key(machine: Machine) -> str | None:
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
     """'2.14.1+cu130' -> (2, 14, 1); leading numeric parts only."""
-    numbers = re.match(r"[\d.]*", text or "").group(0)
+    # str tests (isdecimal is regex's \d), not a regular expression compiled at every launch
+    numbers = "".join(takewhile(lambda char: char.isdecimal() or char == ".", text or ""))
     return tuple(int(part) for part in numbers.split(".") if part)
 
 
@@ -295,7 +297,8 @@ def _nvidia_gpu_names() -> tuple[str, ...]:
         devices = os.listdir("/dev")
     except OSError:
         devices = []
-    return tuple("NVIDIA GPU" for name in devices if re.fullmatch(r"nvidia\d+", name))
+    return tuple("NVIDIA GPU" for name in devices
+                 if name.startswith("nvidia") and name[len("nvidia"):].isdecimal())
 
 
 def _gpu_model(information: str) -> str:

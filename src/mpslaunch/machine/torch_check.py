@@ -4,7 +4,8 @@ The launcher never imports torch (seconds, hundreds of MB); a separate Python do
 available, and does a small matmul on mps come back right (docs/mps-facts.md: Detecting MPS).
 The verdict holds for one Python, one torch and one macOS build, so on a Mac it is cached per
 (executable, torch version, macOS build) in the user's cache folder; a damaged cache is ignored
-and rewritten. `mpslaunch env` always asks again. Only torch's own answer is kept: a check that
+and rewritten. The cache is marshal data, as check/cache.py's entries are: read at every launch
+on a Mac, it costs no import (json's compiles regular expressions). `mpslaunch env` always asks again. Only torch's own answer is kept: a check that
 could not import torch, or that failed by itself, says so for this launch and is asked again.
 
 The child runs isolated from the user's folder: a `random.py`, `json.py` or `torch.py` there
@@ -13,6 +14,7 @@ would otherwise be imported by the check (and torch's verdict would be about tha
 
 from __future__ import annotations
 
+import marshal
 import os
 import subprocess
 import time
@@ -20,7 +22,7 @@ import time
 from mpslaunch import record, user_folder
 
 CHECK_TIMEOUT_SECONDS = 20.0
-CACHE_FILE = "mps-check.json"
+CACHE_FILE = "mps-check.marshal"
 _CACHE_ENTRIES = 20  # one per torch or macOS update; old ones go first
 _MARK = "MPSLAUNCH-TORCH-CHECK "
 
@@ -178,8 +180,6 @@ def read_cached(key: str) -> MpsAnswer | None:
 
 def save(key: str, answer: MpsAnswer) -> None:
     """Add the verdict to the cache; a cache that cannot be written only costs a check later."""
-    import json
-
     entries = {name: value for name, value in _read_entries().items() if name != key}
     entries[key] = answer._asdict()
     kept = dict(list(entries.items())[-_CACHE_ENTRIES:])
@@ -189,7 +189,7 @@ def save(key: str, answer: MpsAnswer) -> None:
     partial = folder / f".{CACHE_FILE}.{os.getpid()}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+        partial.write_bytes(marshal.dumps(kept))
         os.replace(partial, folder / CACHE_FILE)  # readers see the old file or the new one
     except OSError:
         try:
@@ -199,11 +199,9 @@ def save(key: str, answer: MpsAnswer) -> None:
 
 
 def _read_entries() -> dict:
-    import json
-
     try:
-        with open(os.path.join(user_folder("cache"), CACHE_FILE), encoding="utf-8") as file:
-            entries = json.loads(file.read())
-    except (OSError, ValueError):
+        with open(os.path.join(user_folder("cache"), CACHE_FILE), "rb") as file:
+            entries = marshal.loads(file.read())
+    except (OSError, ValueError, EOFError, TypeError):
         return {}
     return entries if isinstance(entries, dict) else {}

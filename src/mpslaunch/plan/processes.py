@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mpslaunch.machine import Machine, address_and_port, is_loopback, plain_address
+from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import Profile, Settings
 
@@ -73,6 +73,8 @@ def several_machines_settings(settings: Settings) -> Settings:
     if settings.num_machines < 2:
         return settings
     if settings.main_process_ip:
+        from mpslaunch.machine import address_and_port  # several machines only, as each below
+
         address, port = address_and_port(settings.main_process_ip)
         if port is not None:
             raise MpslaunchError(
@@ -96,6 +98,8 @@ def own_name_problem(settings: Profile, device: str, machine: Machine,
     the machines are on this host, or when GLOO_SOCKET_IFNAME names the interface to use."""
     if settings.num_machines < 2 or machine.own_name is None or device != "cpu":
         return None
+    from mpslaunch.machine import is_loopback
+
     if "GLOO_SOCKET_IFNAME" in environ or is_loopback(settings.main_process_ip or "") \
             or settings.main_process_ip == "localhost":
         return None
@@ -121,6 +125,8 @@ def main_address_problem(settings: Profile, machine: Machine) -> str | None:
     machine's addresses were not probed."""
     if not checks_main_address(settings) or machine.addresses is None:
         return None
+    from mpslaunch.machine import plain_address
+
     address = settings.main_process_ip
     literal = plain_address(address)
     if literal:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import namedtuple
 from collections.abc import Mapping
 
-from mpslaunch.machine import Machine, endpoint, slurm_seen
+from mpslaunch.machine import Machine, slurm_seen
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import CLUSTER, DEFAULT, DEFAULT_PORT, Layer, Settings
 
@@ -64,6 +64,8 @@ class Place(namedtuple("Place", "job_id node_rank num_nodes node rank world loca
                     f"local rank {self.local_rank})")
         line = f"slurm job {self.job_id}: node {self.node_rank + 1} of {self.num_nodes} ({self.node})"
         if settings.num_machines > 1:
+            from mpslaunch.machine import endpoint  # several machines only
+
             port = settings.main_process_port or DEFAULT_PORT
             line += f", main {endpoint(settings.main_process_ip, port)}"
         return line

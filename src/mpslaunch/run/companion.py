@@ -6,11 +6,10 @@ awake (awake.py), watches memory pressure (memory_watch.py), and ends with one s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from mpslaunch import output, record
 from mpslaunch.run import summary
-from mpslaunch.run.awake import kept_awake
 
 
 @record
@@ -60,7 +59,7 @@ def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple
     """Around a run: caffeinate on a Mac, and (unless quiet) the memory watch. None: nothing."""
     run = Run(watch or NOTHING, processes)
     watch = run.watch
-    with kept_awake(watch.keep_awake, output.warning):
+    with _awake(watch.keep_awake):
         if not watch.report:
             yield run
             return
@@ -74,3 +73,13 @@ def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple
             run.clock.stop()
             watcher.stop()
 
+
+
+def _awake(keep_awake: bool):
+    """caffeinate around the run when the plan keeps the Mac awake; awake.py (and the machine's
+    power facts it reads) is imported only then."""
+    if not keep_awake:
+        return nullcontext()
+    from mpslaunch.run.awake import kept_awake
+
+    return kept_awake(True, output.warning)
