@@ -10,8 +10,8 @@ import gc
 
 import torch
 
-from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine, available_memory, cpu_brand
+from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import precision_refusal
 
 KNOWN_DEVICES = ("cpu", "mps", "cuda")

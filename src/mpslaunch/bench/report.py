@@ -175,9 +175,9 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
               for i in range(len(header))]
     right_aligned = {2, 4, 5, 6, 7}
     lines = [_environment_line(environment)]
-    for row, result in zip(table, [None, *results]):
+    for row, result in zip(table, [None, *results], strict=True):
         cells = [c.rjust(w) if i in right_aligned else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
+                 for i, (c, w) in enumerate(zip(row, widths, strict=False))]  # a status row is shorter
         if len(row) < len(header):
             cells[-1] = row[-1]
         if result is not None and result.unreliable:

@@ -15,8 +15,8 @@ from mpslaunch.settings import folder_main
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
-    from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import LaunchPlan
+    from mpslaunch.settings import LaunchRequest
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 

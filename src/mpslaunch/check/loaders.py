@@ -60,7 +60,7 @@ def pickled(rules, call: ast.Call, where: Where, name: str | None, qualified: st
         rules.add(where, call, "workers-pickle", kind, started=started, home=home, **fields)
 
 
-def _started(rules, arguments: "Arguments", where: Where) -> str | None:
+def _started(rules, arguments: Arguments, where: Where) -> str | None:
     """How the loader's workers start ("workers (num_workers=4) start by spawn on macOS"), or
     None when it starts none or starts them by fork (which pickles nothing, runs nothing again)."""
     workers = _workers(arguments.get("num_workers"), where)
@@ -101,7 +101,7 @@ def dict_items(node: ast.expr | None, where: Where, depth: int = 0) -> dict[str,
     if depth > 4 or node is None:
         return {}
     if isinstance(node, ast.Dict):
-        return {key.value: value for key, value in zip(node.keys, node.values)
+        return {key.value: value for key, value in zip(node.keys, node.values, strict=True)
                 if isinstance(key, ast.Constant) and isinstance(key.value, str)}
     if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
         return {k.arg: k.value for k in node.keywords if k.arg}

@@ -23,8 +23,15 @@ from pathlib import Path
 
 from mpslaunch.check.fingerprint import digest as digest_of
 from mpslaunch.check.fingerprint import listing
-from mpslaunch.check.selection import (Lines, file_name, folded, has_main_guard_text, import_lines,
-                                      lines_of, selected_source)
+from mpslaunch.check.selection import (
+    Lines,
+    file_name,
+    folded,
+    has_main_guard_text,
+    import_lines,
+    lines_of,
+    selected_source,
+)
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import current_folder, open_regular, unreadable
 

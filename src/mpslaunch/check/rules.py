@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import ast
 
-from mpslaunch.check import registry
-from mpslaunch.check import cuda, fallback, loaders, precision  # noqa: F401 - each registers its rules
+from mpslaunch.check import cuda, fallback, loaders, precision, registry  # noqa: F401 - each registers its rules
 from mpslaunch.check.calls import called_name
 from mpslaunch.check.report import Finding
 from mpslaunch.check.scan import Project, Where

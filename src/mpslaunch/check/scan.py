@@ -141,7 +141,7 @@ class Scope:
     """The names a function (or the module) binds, worked out only when a rule asks."""
 
     def __init__(self, body: list[ast.stmt], parameters: ast.arguments | None,
-                 function: ast.AST | None, parent: "Scope | None" = None, left_out: tuple[str, ...] = (),
+                 function: ast.AST | None, parent: Scope | None = None, left_out: tuple[str, ...] = (),
                  facts: FileFacts | None = None):
         self.body, self.parameters, self.function, self.parent = body, parameters, function, parent
         self.left_out = left_out
@@ -161,7 +161,7 @@ class Scope:
             *arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg,
             arguments.kwarg) if argument is not None)
 
-    def lookup(self, name: str) -> tuple[ast.AST | None, "Scope | None"]:
+    def lookup(self, name: str) -> tuple[ast.AST | None, Scope | None]:
         """What `name` stands for here when it is bound exactly once (an expression, a def or a
         class), and the scope that binds it; (None, None) otherwise."""
         scope = self

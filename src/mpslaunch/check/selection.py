@@ -149,7 +149,7 @@ def selected_source(text: str, words: str, wanted: list[int]) -> tuple[str, list
     lines, spelled = text.split("\n"), words.split("\n")
     ends = [start for start, _ in starts[1:]] + [len(lines) + 1]
     blanked: list[str] = []
-    for (first, definition), end in zip(starts, ends):
+    for (first, definition), end in zip(starts, ends, strict=True):
         index = bisect.bisect_left(wanted, first)
         if definition and not (index < len(wanted) and wanted[index] < end):
             blanked += _DEFINED.findall("\n".join(spelled[first - 1:end - 1]))

@@ -163,7 +163,7 @@ class _Walker:
 
     def conditional(self, node: ast.If | ast.While | ast.IfExp, where: Where) -> None:
         self.node(node.test, where)
-        for part, place in zip((node.body, node.orelse), self.branches(node, where)):
+        for part, place in zip((node.body, node.orelse), self.branches(node, where), strict=True):
             if place is None:
                 continue
             if isinstance(part, list):

@@ -12,9 +12,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpslaunch import machine as machine_probe, output
-from mpslaunch.output import MpslaunchError
+from mpslaunch import machine as machine_probe
+from mpslaunch import output
 from mpslaunch.machine import Machine
+from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import add_option
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
@@ -124,7 +125,9 @@ def parse_options(args: argparse.Namespace, machine: Machine) -> BenchOptions:
             "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds, "
             f"at most {MAX_BUDGET_SECONDS} (a day for one point)"
         )
-    from mpslaunch.bench import devices as bench_devices  # imports torch: only once the cheap checks passed
+    from mpslaunch.bench import (
+        devices as bench_devices,  # imports torch: only once the cheap checks passed
+    )
 
     dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
     if not dtypes:

@@ -17,12 +17,24 @@ from typing import Any
 
 from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
-from mpslaunch.output import MpslaunchError, one_line
-from mpslaunch.machine import (CHECK_TIMEOUT_SECONDS, Machine, SlurmVariableError, is_torchs_own,
-                               run_torch_check, slurm_allocation, slurm_step)
 from mpslaunch.launcher import prepare
-from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
-                                unused_default_note)
+from mpslaunch.machine import (
+    CHECK_TIMEOUT_SECONDS,
+    Machine,
+    SlurmVariableError,
+    is_torchs_own,
+    run_torch_check,
+    slurm_allocation,
+    slurm_step,
+)
+from mpslaunch.output import MpslaunchError, one_line
+from mpslaunch.settings import (
+    LaunchOptions,
+    Profile,
+    add_table_options,
+    profile_files,
+    unused_default_note,
+)
 
 HELP = """\
 Print the facts a bug report needs, as a Markdown block to paste as it is: the
@@ -65,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
 
 def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file: str | None,
            profile_name: str | None, timeout: float = CHECK_TIMEOUT_SECONDS) -> dict[str, Any]:
-    torch_facts = run_torch_check(machine.python, timeout) if machine.torch_version else {"torch_error": "not installed"}
+    torch_facts = (run_torch_check(machine.python, timeout) if machine.torch_version
+                   else {"torch_error": "not installed"})
     if machine.torch_version:
         machine = machine_probe.with_torch_facts(machine, torch_facts)  # cached on a Mac
     facts: dict[str, Any] = {

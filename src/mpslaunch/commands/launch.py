@@ -8,8 +8,16 @@ import argparse
 
 from mpslaunch import launcher, output
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import (ACCELERATOR, MACHINES, OPTIONS, OUTPUT, PLAN, add_refused,
-                                add_table_options, request_from_args)
+from mpslaunch.settings import (
+    ACCELERATOR,
+    MACHINES,
+    OPTIONS,
+    OUTPUT,
+    PLAN,
+    add_refused,
+    add_table_options,
+    request_from_args,
+)
 
 HELP = """\
 Run a training script on the device this machine should use: mps on Apple silicon,

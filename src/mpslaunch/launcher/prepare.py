@@ -17,12 +17,32 @@ from mpslaunch import output
 from mpslaunch.launcher.targets import check_target
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
-from mpslaunch.plan import (Cluster, Decision, LaunchPlan, checks_main_address, decide_settings,
-                            for_target, mps_problem, settle, slurm_cluster, torchrun_layer,
-                            with_slurm_config)
-from mpslaunch.settings import (COMMAND_LINE, LaunchOptions, LaunchRequest, Layer, Profile,
-                                ProfileFile, file_layer, merge, options_layer, profile_files,
-                                request_problem)
+from mpslaunch.plan import (
+    Cluster,
+    Decision,
+    LaunchPlan,
+    checks_main_address,
+    decide_settings,
+    for_target,
+    mps_problem,
+    settle,
+    slurm_cluster,
+    torchrun_layer,
+    with_slurm_config,
+)
+from mpslaunch.settings import (
+    COMMAND_LINE,
+    LaunchOptions,
+    LaunchRequest,
+    Layer,
+    Profile,
+    ProfileFile,
+    file_layer,
+    merge,
+    options_layer,
+    profile_files,
+    request_problem,
+)
 
 MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a while
 

@@ -12,8 +12,7 @@ import os
 import sys
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import (LaunchRequest, current_folder, folder_main, open_regular,
-                                unreadable)
+from mpslaunch.settings import LaunchRequest, current_folder, folder_main, open_regular, unreadable
 
 
 def check_target(request: LaunchRequest) -> None:

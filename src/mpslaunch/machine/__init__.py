@@ -8,12 +8,29 @@ SLURM reader are imported on first use; a launch outside SLURM only asks `slurm_
 """
 
 from mpslaunch import lazy_names
-from mpslaunch.machine.facts import (Machine, available_memory, cpu_brand, memory_pressure_level,
-                                     memory_stall_microseconds, mps_cache_key, peak_resident_bytes,
-                                     probe, verify_mps, version_tuple, with_torch_facts)
+from mpslaunch.machine.facts import (
+    Machine,
+    available_memory,
+    cpu_brand,
+    memory_pressure_level,
+    memory_stall_microseconds,
+    mps_cache_key,
+    peak_resident_bytes,
+    probe,
+    verify_mps,
+    version_tuple,
+    with_torch_facts,
+)
 from mpslaunch.machine.limits import memory_limit_left
-from mpslaunch.machine.network import (address_and_port, endpoint, is_loopback, loopback_interface,
-                                       plain_address, with_addresses, with_own_name)
+from mpslaunch.machine.network import (
+    address_and_port,
+    endpoint,
+    is_loopback,
+    loopback_interface,
+    plain_address,
+    with_addresses,
+    with_own_name,
+)
 
 __getattr__ = lazy_names(__name__, {
     "torch_check": ("CHECK_TIMEOUT_SECONDS", "MpsAnswer", "is_torchs_own", "run_torch_check"),

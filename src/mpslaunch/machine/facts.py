@@ -2,8 +2,9 @@
 
 The launcher does not import torch on the one-process path (the child imports it anyway), so
 facts come from os.uname, one sysctl call on macOS (and pmset for the power source), /proc and
-/dev on Linux, and torch's and Accelerate's versions read as text; what torch itself says about mps on a Mac comes from a child Python,
-cached (torch_check.py). Tests build `Machine` values by hand to describe computers we do not own.
+/dev on Linux, and torch's and Accelerate's versions read as text; what torch itself says about
+mps on a Mac comes from a child Python, cached (torch_check.py). Tests build `Machine` values by
+hand to describe computers we do not own.
 """
 
 from __future__ import annotations

@@ -52,7 +52,9 @@ if facts["mps_available"]:
         total = (a @ a).sum()
         torch.mps.synchronize()
         value = total.item()
-        facts["mps_check"] = "works" if value == 64.0 ** 3 else f"fails: 64x64 matmul gave {value}, expected {64.0 ** 3}"
+        expected = 64.0 ** 3
+        facts["mps_check"] = ("works" if value == expected
+                              else f"fails: 64x64 matmul gave {value}, expected {expected}")
     except Exception as error:
         facts["mps_check"] = "fails: " + said(error)
 devices = []

@@ -14,18 +14,44 @@ from types import MappingProxyType
 from mpslaunch import record
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
-from mpslaunch.plan.child import (accelerate_environment, accelerate_notes,
-                                  check_multi_gpu, child_command, child_environment, no_effect,
-                                  other_launchers_variables, replaced_values, with_gpu_ids)
+from mpslaunch.plan.child import (
+    accelerate_environment,
+    accelerate_notes,
+    check_multi_gpu,
+    child_command,
+    child_environment,
+    no_effect,
+    other_launchers_variables,
+    replaced_values,
+    with_gpu_ids,
+)
 from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
 from mpslaunch.plan.environment import REMOVED_WHY
 from mpslaunch.plan.known_faults import warnings_for
-from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
-                                      own_name_problem, several_machines_settings)
+from mpslaunch.plan.processes import (
+    check_processes,
+    default_processes,
+    main_address_problem,
+    own_name_problem,
+    several_machines_settings,
+)
 from mpslaunch.plan.slurm import Place, rank_mode_problem, rank_variables
-from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, DEFAULT_PORT, LaunchOptions, LaunchRequest,
-                                Layer, Profile, ProfileFile, Settings, check_profile, file_layer,
-                                merge, options_layer, profile_layer, request_problem)
+from mpslaunch.settings import (
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_PORT,
+    LaunchOptions,
+    LaunchRequest,
+    Layer,
+    Profile,
+    ProfileFile,
+    Settings,
+    check_profile,
+    file_layer,
+    merge,
+    options_layer,
+    profile_layer,
+    request_problem,
+)
 
 
 @record

@@ -37,7 +37,8 @@ def describe(plan: LaunchPlan) -> str:
     if plan.engine == "single":
         text = plan.describe()
     else:
-        from mpslaunch.run.torchrun import elastic as torchrun  # imports torch: several processes only
+        # imports torch: several processes only
+        from mpslaunch.run.torchrun import elastic as torchrun
 
         text = torchrun.describe(plan)
     return text + (f"\nmps check:       {plan.mps_verdict}" if plan.mps_verdict else "")

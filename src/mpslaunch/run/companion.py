@@ -22,7 +22,7 @@ class Watch:
     failures_only: bool = False  # the end line only when the run failed (rank mode, not rank 0)
 
     @classmethod
-    def for_plan(cls, plan, report: bool, environ: Mapping[str, str]) -> "Watch":
+    def for_plan(cls, plan, report: bool, environ: Mapping[str, str]) -> Watch:
         handler = plan.env.get("PYTHONFAULTHANDLER", environ.get("PYTHONFAULTHANDLER", ""))
         return cls(plan.keep_awake, plan.device, report, bool(handler) and not plan.no_python,
                    plan.silent_rank)

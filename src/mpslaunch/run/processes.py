@@ -204,7 +204,7 @@ def sweep_children(run_id: str, before: set[int]) -> list[int]:
                 if pgid != os.getpgrp() and carries_marker(pid, run_id)]
         if not left:
             break
-        for pid, pgid in left:
+        for _, pgid in left:
             kill_group(pgid)
         _reap([pid for pid, _ in left])
         swept += [pid for pid, _ in left]

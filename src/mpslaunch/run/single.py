@@ -25,12 +25,19 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from mpslaunch import output
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import DEFAULT_GRACE_SECONDS
 from mpslaunch.run.companion import Watch, watching
-from mpslaunch.run.processes import (MARKS_SEEN_WITHOUT_PSUTIL, PASSED_ON, RUN_MARKER,
-                                     STOPPING_SIGNALS, exit_code, linux_prctl, new_run_id,
-                                     warm_process_table)
+from mpslaunch.run.processes import (
+    MARKS_SEEN_WITHOUT_PSUTIL,
+    PASSED_ON,
+    RUN_MARKER,
+    STOPPING_SIGNALS,
+    exit_code,
+    linux_prctl,
+    new_run_id,
+    warm_process_table,
+)
 from mpslaunch.run.supervisor import Supervisor
+from mpslaunch.settings import DEFAULT_GRACE_SECONDS
 
 
 def run_child(command: Sequence[str], env_additions: Mapping[str, str],

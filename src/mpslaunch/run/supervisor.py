@@ -32,8 +32,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from mpslaunch.run.processes import (STOPPING_SIGNALS, handled_here, kill_group, kill_marked,
-                                     may_be_marked, stop_with, sweep_children)
+from mpslaunch.run.processes import (
+    STOPPING_SIGNALS,
+    handled_here,
+    kill_group,
+    kill_marked,
+    may_be_marked,
+    stop_with,
+    sweep_children,
+)
 
 # The same stopping signal again within this long is the same stop: GNU timeout sends its signal
 # to the launcher and then to its process group, and a checkpoint being saved must not be killed.

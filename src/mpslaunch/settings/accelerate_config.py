@@ -18,6 +18,10 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.accelerate_flags import WAYS
 from mpslaunch.settings.profile import Profile, check_profile, check_value
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
+
 # Keys only an Accelerate file has: one of them makes the file Accelerate's.
 MARKERS = ("compute_environment", "distributed_type")
 

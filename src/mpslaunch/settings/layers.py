@@ -21,8 +21,10 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME
 from mpslaunch.settings.profile import KNOWN_KEYS, Profile
 
-# typing is not imported (the one-process launch never needs it): ProfileFile and LaunchOptions
-# in the annotations are never evaluated.
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from mpslaunch.settings.profile_files import ProfileFile
+    from mpslaunch.settings.request import LaunchOptions
 
 # The kinds of layer, as --dry_run names where a value came from.
 DEFAULT = "default"

@@ -19,11 +19,23 @@ from mpslaunch import record, user_folder
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME, cut
 from mpslaunch.settings.paths import missing_profile
-from mpslaunch.settings.profile import (Profile, check_profile, check_value, unknown_keys_problem,
-                                       written_number_problem)
+from mpslaunch.settings.profile import (
+    Profile,
+    check_profile,
+    check_value,
+    unknown_keys_problem,
+    written_number_problem,
+)
 
-# yaml is imported where a profile is read or written (a launch without a profile file never
-# needs it); the annotations that name it are never evaluated.
+# yaml and pathlib are imported where a profile is read or written (a launch without a profile
+# file never needs them); the annotations that name them are never evaluated.
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import yaml
+
+    from mpslaunch.settings.accelerate_config import Translation
 
 MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to parse a huge file
 

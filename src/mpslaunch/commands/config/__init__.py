@@ -15,14 +15,29 @@ from pathlib import Path
 
 from mpslaunch import machine as machine_probe
 from mpslaunch import output
-from mpslaunch.output import MpslaunchError
-from mpslaunch.machine import Machine
 from mpslaunch.launcher import prepare
+from mpslaunch.machine import Machine
+from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import decide, mps_problem, settle
-from mpslaunch.settings import (DEFAULT, KNOWN_KEYS, MPS_KEYS, LaunchOptions, Profile,
-                                ProfileFile, Settings, add_option, add_table_options,
-                                check_profile, default_config_path, file_layer, merge,
-                                options_layer, profile_files, profile_layer, unused_default_note)
+from mpslaunch.settings import (
+    DEFAULT,
+    KNOWN_KEYS,
+    MPS_KEYS,
+    LaunchOptions,
+    Profile,
+    ProfileFile,
+    Settings,
+    add_option,
+    add_table_options,
+    check_profile,
+    default_config_path,
+    file_layer,
+    merge,
+    options_layer,
+    profile_files,
+    profile_layer,
+    unused_default_note,
+)
 
 HELP = """\
 Write a profile: the settings `mpslaunch launch` uses when no option overrides them.

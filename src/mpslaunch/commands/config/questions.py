@@ -9,15 +9,32 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine, with_addresses
-from mpslaunch.plan import (choose_device, cuda_problem, decide, main_address_problem,
-                           most_processes, mps_problem, precision_refusal, processes_problem)
-from mpslaunch.settings import (DEFAULT_PORT, PRECISIONS, RDZV_BACKENDS, LaunchOptions, Profile,
-                                check_profile, check_value, merge, profile_layer)
+from mpslaunch.output import MpslaunchError
+from mpslaunch.plan import (
+    choose_device,
+    cuda_problem,
+    decide,
+    main_address_problem,
+    most_processes,
+    mps_problem,
+    precision_refusal,
+    processes_problem,
+)
+from mpslaunch.settings import (
+    DEFAULT_PORT,
+    PRECISIONS,
+    RDZV_BACKENDS,
+    LaunchOptions,
+    Profile,
+    check_profile,
+    check_value,
+    merge,
+    profile_layer,
+)
 
 _NO_FLAGS = LaunchOptions()  # the questions plan with the profile alone, as `launch` with no flags
 RDZV_LABELS = {
@@ -143,7 +160,7 @@ def keep_mps(question: str) -> bool:
     return questionary.confirm(question, default=True).unsafe_ask()
 
 
-def _ask_machines(ask: "_Asker", profile: Profile, start: Profile, machine: Machine) -> Profile:
+def _ask_machines(ask: _Asker, profile: Profile, start: Profile, machine: Machine) -> Profile:
     count = ask.number("How many machines?", max(start.num_machines, 2), 2, None)
     rank = ask.number(f"This machine's rank (0 is the main machine, up to {count - 1})?",
                       min(start.machine_rank, count - 1), 0, count - 1)
@@ -156,7 +173,7 @@ def _ask_machines(ask: "_Asker", profile: Profile, start: Profile, machine: Mach
                            rdzv_backend=backend)
 
 
-def _main_address(ask: "_Asker", machine: Machine, count: int, rank: int,
+def _main_address(ask: _Asker, machine: Machine, count: int, rank: int,
                   start: Profile) -> tuple[str, bool]:
     """The main address; on machine 0, one of its own (plan.main_address_problem) unless the
     user says it reaches this machine through NAT."""

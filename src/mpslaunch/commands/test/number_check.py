@@ -87,7 +87,7 @@ def trace(torch, net, inputs, labels, device, precision: str) -> list[tuple[str,
             scaler.update()
         else:
             optimizer.step()
-        for (name, parameter), old in zip(net.named_parameters(), before):
+        for (name, parameter), old in zip(net.named_parameters(), before, strict=True):
             keep(f"step {step} update of {name}", parameter.detach() - old)
     return recorded
 
@@ -115,7 +115,7 @@ def _computed_in(torch, device, precision: str) -> str:
 def judge(torch, device: str, precision: str, reference, measured) -> Comparison:
     tolerance = TOLERANCE[precision]
     largest, largest_at = 0.0, ""
-    for (name, expected), (_, got) in zip(reference, measured):
+    for (name, expected), (_, got) in zip(reference, measured, strict=True):
         error = relative_error(torch, got, expected)
         if not error <= tolerance:  # a NaN is a mismatch too
             return Comparison(device, DTYPE_NAME[precision], tolerance, len(reference), largest,

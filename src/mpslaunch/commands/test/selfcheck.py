@@ -174,7 +174,7 @@ def check_train_step(checks: Checks, name: str, torch, planned: str) -> None:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
+    moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters(), strict=True))
     fix = f"training on {planned} does not work; check with --cpu, and " + WHAT_TO_REPORT
     if not all(math.isfinite(x) for x in losses):
         checks.record(name, False, f"the loss is not finite on {device}: {losses}", fix)

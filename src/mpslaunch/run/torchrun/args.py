@@ -7,8 +7,8 @@ number of machines. One machine always uses a static rendezvous on 127.0.0.1.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from mpslaunch.machine import endpoint, loopback_interface
 from mpslaunch.plan import LaunchPlan

@@ -13,9 +13,9 @@ the restart line still comes, without the rank and code.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from mpslaunch.run.torchrun.outcome import how_it_ended
 

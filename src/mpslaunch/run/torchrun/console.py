@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from mpslaunch.run.torch_internals import tails_in_pieces
 

@@ -17,28 +17,54 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Iterator, Mapping, Sequence
 
-from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.machine import endpoint
+from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.logdir import keep_failed, temporary_log_dir, usable_log_dir
-from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
-                                     new_run_id, rank_pids)
+from mpslaunch.run.processes import (
+    RUN_MARKER,
+    adopt_orphans,
+    child_pids,
+    environment,
+    exit_code,
+    new_run_id,
+    rank_pids,
+)
+from mpslaunch.run.torch_internals import (
+    Elastic,
+    bound_store,
+    c10d_ranks_share_the_rendezvous_store,
+    graceful_stops,
+    missing,
+    torch_takes_no_signals,
+    tune,
+)
+from mpslaunch.run.torchrun.args import (
+    FREE_PORT,
+    LINE_PREFIX,
+    LINE_PREFIX_VARIABLE,
+    Rendezvous,
+    arguments,
+    launcher_environment,
+    rank_environments,
+    rendezvous_for,
+)
 from mpslaunch.run.torchrun.attempts import Attempts, following
-from mpslaunch.run.torchrun.gate import Gate, agreed_terms
 from mpslaunch.run.torchrun.console import whole_rank_lines
-from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
-                                     arguments, launcher_environment, rank_environments,
-                                     rendezvous_for)
-from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest_own_failure,
-                                            other_endings, stopped_ranks, stopped_summary)
+from mpslaunch.run.torchrun.gate import Gate, agreed_terms
+from mpslaunch.run.torchrun.outcome import (
+    failure_summary,
+    from_torch,
+    largest_own_failure,
+    other_endings,
+    stopped_ranks,
+    stopped_summary,
+)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
-from mpslaunch.run.torch_internals import (Elastic, bound_store,
-                                          c10d_ranks_share_the_rendezvous_store, graceful_stops,
-                                          missing, torch_takes_no_signals, tune)
 
 
 class LaunchFailed(MpslaunchError):
@@ -166,7 +192,7 @@ def _run(plan: LaunchPlan, grace_seconds: float, run_id: str, report: bool,
     return code
 
 
-def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
+def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: _LogFolder,
             grace_seconds: float, signals: LauncherSignals) -> int:
     signals.check()  # a stop before the run's handlers: no torch, no ranks
     _check_torch_distributed()
@@ -324,7 +350,7 @@ class _LogFolder:
         self.path = ""
         self.keep = False
 
-    def __enter__(self) -> "_LogFolder":
+    def __enter__(self) -> _LogFolder:
         self.path = (str(usable_log_dir(self.given)) if self.given
                      else temporary_log_dir())
         return self

@@ -24,11 +24,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
-from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import endpoint
+from mpslaunch.output import MpslaunchError
 from mpslaunch.run.processes import new_run_id
 from mpslaunch.run.torch_internals import connect_store
 from mpslaunch.run.torchrun.signals import Stopped
@@ -275,7 +275,7 @@ def _reachable(address: str, port: int, seconds: float) -> str | None:
     try:
         with socket.create_connection((address, port), timeout=max(seconds, 0.1)):
             return None
-    except socket.timeout:
+    except TimeoutError:
         return "no answer"
     except OSError as error:
         return (error.strerror or str(error)).lower()

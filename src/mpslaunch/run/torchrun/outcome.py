@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from mpslaunch.run.processes import exit_code
 from mpslaunch.run.summary import crash_meaning

@@ -13,11 +13,11 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
+from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.run.torch_internals import bound_store, serve_store
 
 EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
