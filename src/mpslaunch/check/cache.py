@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from mpslaunch import __version__, record
+from mpslaunch import Record, __version__, record
 from mpslaunch.check import registry
 from mpslaunch.check.fingerprint import digest, listing
 from mpslaunch.check.report import Finding, Report
@@ -34,9 +34,9 @@ MOST_BYTES = 4_000_000  # more than the check reads of a file: a file that grew 
 
 
 @record
-class Kept:
+class Kept(Record):
     findings: tuple[Finding, ...]  # the first SHOWN, in the report's order
-    count: int  # all of them
+    count: int  # type: ignore[assignment]  # all of them (the field hides tuple.count, as it may)
 
 
 def key(script: str | Path, target: Target) -> str:
@@ -67,7 +67,8 @@ def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent
     """Keep the findings of `report`, made from the files `read` (path, digest) while the files
     `absent` were not there (and the folder `listed` held the same scripts); returns what is kept."""
     kept = Kept(report.findings[:SHOWN], len(report.findings))
-    entry = {"key": key(script, target), "read": [list(pair) for pair in read], "absent": list(absent),
+    name = key(script, target)
+    entry = {"key": name, "read": [list(pair) for pair in read], "absent": list(absent),
              "listed": list(listed) if listed else None,
              "findings": [finding._asdict() for finding in kept.findings], "count": kept.count}
     from pathlib import Path  # only when a check ran: a launch that reads findings needs none
@@ -75,7 +76,7 @@ def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent
     entries = Path(folder, ENTRIES)
     try:
         entries.mkdir(parents=True, exist_ok=True)
-        _write(entries / _name(entry["key"]), json.dumps(entry))
+        _write(entries / _name(name), json.dumps(entry))
         _prune(entries)
     except OSError:
         pass  # a full disk, a read-only cache: checked again next time

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from mpslaunch.check.calls import called_name, keyword_value
-from mpslaunch.check.scan import Where
+from mpslaunch.check.scan import Scope, Where
 from mpslaunch.check.values import CUDA_TENSOR, Prefix, is_cuda_text
 
 CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -40,7 +40,9 @@ def cuda_text(rules, node: ast.expr | None, where: Where) -> str | None:
         value, line = known
         if not is_cuda_text(value):
             return None
-        return f'"{value}"' if line is None else f'{node.id} (= "{value}", line {line})'
+        if line is None or not isinstance(node, ast.Name):  # a line: a name bound to the literal
+            return f'"{value}"'
+        return f'{node.id} (= "{value}", line {line})'
     if isinstance(node, ast.Name):
         if node.id not in where.facts.cuda_names:
             return None
@@ -63,7 +65,7 @@ def module_default(rules, name: ast.Name, where: Where) -> bool:
     device here: reported once at its line. Whether name is such a default."""
     if where.facts.constants_trusted or name.id not in where.facts.literal_names:
         return False
-    scope = where.scope
+    scope: Scope | None = where.scope
     while scope is not None and name.id not in scope.bindings:
         scope = scope.parent
     if scope is None or scope.function is not None:

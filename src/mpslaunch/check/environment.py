@@ -67,10 +67,12 @@ def _tests_before(tree: ast.Module, line: int) -> list[tuple[int, int]]:
     """The lines of the tests of each if/elif chain whose branch holds `line`: they run before it."""
     spans = []
     for statement in statements(tree.body, [line]):
-        if isinstance(statement, ast.If) and not statement.test.lineno <= line <= statement.test.end_lineno:
+        if not isinstance(statement, ast.If):
+            continue
+        if not statement.test.lineno <= line <= (statement.test.end_lineno or statement.test.lineno):
             link = statement
             while True:
-                spans.append((link.test.lineno, link.test.end_lineno))
+                spans.append((link.test.lineno, link.test.end_lineno or link.test.lineno))
                 if len(link.orelse) != 1 or not isinstance(link.orelse[0], ast.If):
                     break
                 link = link.orelse[0]

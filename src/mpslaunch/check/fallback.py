@@ -11,6 +11,7 @@ plans), as is a module-level `device = "cuda"` that only a config file run by ex
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 
 from mpslaunch.check.registry import Check, implements
 from mpslaunch.check.scan import Where
@@ -25,7 +26,7 @@ class Choices(Check):
 
     def __init__(self, rules, rule):
         super().__init__(rules, rule)
-        self.sites: dict[object, tuple[Where, ast.AST, str]] = {}  # key -> first site
+        self.sites: dict[tuple[object, ...], tuple[Where, ast.stmt | ast.expr, str]] = {}  # key -> first site
         self.explicit_origins: set[object] = set()
         self.not_devices: set[int] = set()  # choices of a device type for autocast and the like
 
@@ -63,7 +64,7 @@ class Choices(Check):
             if key not in self.sites or self.sites[key][1].lineno > line_node.lineno:
                 self.sites[key] = (where, line_node, shown)
 
-    def origin(self, test: ast.expr, where: Where) -> tuple[object, ast.AST, str] | None:
+    def origin(self, test: ast.expr, where: Where) -> tuple[tuple[object, ...], ast.expr, str] | None:
         """What a test about CUDA rests on, the node to report and how to show it: the query
         itself, a flag bound from it (at its binding), or an option named for cuda; None for a
         test of anything else."""
@@ -97,7 +98,7 @@ class Choices(Check):
 def _rebound_module_names(sites) -> set[int]:
     """The choices bound at module level to a name that a later module-level choice (in the
     main block, say) binds again before anything runs: only the last one counts."""
-    by_name: dict[tuple[str, str], list[ast.AST]] = {}
+    by_name: dict[tuple[str, str], list[ast.stmt | ast.expr]] = {}
     for where, node, _ in sites:
         if where.scope.function is None:
             name = _module_target(where.facts.source.tree.body, node)
@@ -106,14 +107,15 @@ def _rebound_module_names(sites) -> set[int]:
     return {id(node) for nodes in by_name.values() for node in sorted(nodes, key=lambda n: n.lineno)[:-1]}
 
 
-def _module_target(body: list[ast.stmt], node: ast.AST) -> str | None:
+def _module_target(body: list[ast.stmt], node: ast.stmt | ast.expr) -> str | None:
     """The name a module-level (or main block) `name = ...` that holds node binds."""
     for statement in body:
-        if isinstance(statement, ast.If) and statement.lineno <= node.lineno <= statement.end_lineno:
+        end = statement.end_lineno or statement.lineno
+        if isinstance(statement, ast.If) and statement.lineno <= node.lineno <= end:
             return _module_target(statement.body, node)
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
                 and isinstance(statement.targets[0], ast.Name) \
-                and statement.lineno <= node.lineno <= statement.end_lineno:
+                and statement.lineno <= node.lineno <= end:
             return statement.targets[0].id
     return None
 
@@ -167,7 +169,7 @@ def _mentions_mps(node: ast.AST) -> bool:
                isinstance(child, ast.Attribute) and child.attr == "mps" for child in ast.walk(node))
 
 
-def _places_on_cuda(statements: list[ast.AST]) -> bool:
+def _places_on_cuda(statements: Iterable[ast.AST]) -> bool:
     """Whether code puts work on cuda: .cuda(), a cuda device written out, torch.cuda.XTensor."""
     for statement in statements:
         for child in ast.walk(statement):

@@ -141,9 +141,9 @@ def _updates(body: list[ast.stmt], name: str, where: Where) -> list[ast.Call]:
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "update" \
                 and isinstance(call.func.value, ast.Name) and call.func.value.id == name:
             found.append(call)
-        for part in ("body", "orelse", "finalbody"):
-            if isinstance(getattr(statement, part, None), list):
-                found += _updates(getattr(statement, part), name, where)
+        for field in ("body", "orelse", "finalbody"):
+            if isinstance(getattr(statement, field, None), list):
+                found += _updates(getattr(statement, field), name, where)
     return found
 
 
@@ -194,7 +194,8 @@ def dataset_unpicklable(node: ast.expr | None, where: Where) -> str | None:
     """A lambda or local function among the transforms the dataset is built with, or one its
     class stores on self."""
     if isinstance(node, ast.Name):
-        node, _ = where.scope.lookup(node.id)
+        bound, _ = where.scope.lookup(node.id)
+        node = bound if isinstance(bound, ast.Call) else None
     if not isinstance(node, ast.Call):
         return None
     for keyword in node.keywords:

@@ -112,7 +112,7 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
     launch, where speed counts and Python reports syntax errors itself) only in the parts a
     rule can be about."""
     first = _source(script, True, whole)
-    files, seen, absent = [first], {_real(script)}, set()
+    files, seen, absent = [first], {_real(script)}, set[str]()
     skipped = list(first.cells.left_out) if first.cells else []
     folder = Path(_real(script)).parent
     index = 0

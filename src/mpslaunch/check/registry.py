@@ -15,6 +15,7 @@ from collections import namedtuple
 from collections.abc import Callable, Mapping
 from functools import partial
 
+from mpslaunch import Record, record
 from mpslaunch.check.target import Target
 
 SCRIPTS_FOR_CUDA = "Scripts written for CUDA"  # docs/mps-facts.md sections
@@ -41,24 +42,20 @@ SEVERAL_CPU = Plans("cpu, several processes", ("mps", "cpu"), several=True)
 WORKERS_SPAWNED = Plans("macOS; Linux with Python 3.14", ("mps", "cpu", "cuda"))
 
 
-_RULE_FIELDS = (
-    "name",  # short and stable, for tools (--json)
-    "plans",  # Plans
-    "looks_for",  # in words
-    "calls",  # the calls handed to it, by the name they end with ("*": all)
-    "words",  # what a line it can be about spells (selection.py reads only those)
-    "messages",  # what happens, by kind of finding: a Text
-    "fixes",  # what to write instead, by kind of finding: a Text
-    "breaks",  # the run stops (else it runs, but not as written)
-    "fact",  # the docs/mps-facts.md section it rests on
-    "branches",  # also handed each if and conditional expression
-)
+@record
+class Rule(Record):
+    """One rule, declared once (a record: cheap to import at every launch)."""
 
-
-class Rule(namedtuple("Rule", _RULE_FIELDS, defaults=(True, SCRIPTS_FOR_CUDA, False))):
-    """One rule, declared once (a named tuple: cheap to import at every launch)."""
-
-    __slots__ = ()
+    name: str  # short and stable, for tools (--json)
+    plans: Plans
+    looks_for: str  # in words
+    calls: tuple[str, ...]  # the calls handed to it, by the name they end with ("*": all)
+    words: tuple[str, ...]  # what a line it can be about spells (selection.py reads only those)
+    messages: Mapping[str, Text]  # what happens, by kind of finding
+    fixes: Mapping[str, Text]  # what to write instead, by kind of finding
+    breaks: bool = True  # the run stops (else it runs, but not as written)
+    fact: str = SCRIPTS_FOR_CUDA  # the docs/mps-facts.md section it rests on
+    branches: bool = False  # also handed each if and conditional expression
 
     def text(self, texts: Mapping[str, Text], kind: str, device: str, fields: Mapping[str, object]) -> str:
         template = texts[kind]

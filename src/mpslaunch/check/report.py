@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.check.target import Target
 from mpslaunch.output import one_line
 
@@ -10,7 +10,7 @@ FALLBACK = "cpu-fallback"  # the rule whose findings come first
 
 
 @record
-class Finding:
+class Finding(Record):
     file: str
     line: int
     rule: str  # a short stable name, for tools (--json)
@@ -24,7 +24,7 @@ class Finding:
 
 
 @record
-class Report:
+class Report(Record):
     target: Target
     files: tuple[str, ...]  # the files read, the script first
     skipped: tuple[str, ...]  # local modules that could not be read, one line each

@@ -27,7 +27,7 @@ class Rules:
         self._found: list[Finding] = []
         self.checks = [registry.IMPLEMENTATIONS[rule.name](self, rule) for rule in registry.RULES
                        if rule.plans.applies(target)]
-        self._by_call: dict[str, list[registry.Check]] = {}
+        self._by_call: dict[str | None, list[registry.Check]] = {}  # None: a call of no name
         for check in self.checks:
             for name in check.rule.calls:
                 self._by_call.setdefault(name, []).append(check)
@@ -57,7 +57,7 @@ class Rules:
         for check in self._on_branch:
             check.branch(node, where)
 
-    def add(self, where: Where, node: ast.AST, rule_name: str, kind: str, fix: str | None = None,
+    def add(self, where: Where, node: ast.stmt | ast.expr, rule_name: str, kind: str, fix: str | None = None,
             **fields: object) -> None:
         """A finding of the rule `rule_name` at node: its message of this kind, its fix of kind `fix`
         (the same kind when not given), in the registry's words. Silent where the rule does not

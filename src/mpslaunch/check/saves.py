@@ -54,7 +54,8 @@ def _saves(facts: FileFacts):
             yield path, None
 
 
-def _wrapper_forms(project: Project, function: ast.AST, position: int, parameter: str | None) -> set[str]:
+def _wrapper_forms(project: Project, function: ast.FunctionDef | ast.AsyncFunctionDef, position: int,
+                   parameter: str | None) -> set[str]:
     """The forms of what calls of a save wrapper give for its path parameter, and its default."""
     forms: set[str] = set()
     positional = [*function.args.posonlyargs, *function.args.args]

@@ -20,6 +20,10 @@ from functools import cached_property
 from mpslaunch.check.reading import SourceFile, statements
 from mpslaunch.check.selection import line_numbers, module_literal_names
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from mpslaunch.check.values import Values
+
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 DEFINITION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _START_METHOD = re.compile(r"""set_start_method\(\s*["'](\w+)["']""")
@@ -85,14 +89,14 @@ class FileFacts:
         return sorted({*line_numbers(self.source.words, _DEVICE_COUNT),
                        *(line for line in lines.variables if "environ[" in texts[line - 1])})
 
-    def may_raise(self, node: ast.AST) -> bool:
+    def may_raise(self, node: ast.stmt | ast.expr) -> bool:
         return _spans(self.raising_lines, node)
 
     @cached_property
     def lambda_lines(self) -> list[int]:
         return line_numbers(self.source.words, _LAMBDA)
 
-    def may_hold_a_lambda(self, node: ast.AST) -> bool:
+    def may_hold_a_lambda(self, node: ast.stmt | ast.expr) -> bool:
         return _spans(self.lambda_lines, node)
 
     @cached_property
@@ -157,6 +161,8 @@ class Scope:
     @cached_property
     def parameter_names(self) -> frozenset[str]:
         arguments = self.parameters
+        if arguments is None:  # the module's scope
+            return frozenset()
         return frozenset(argument.arg for argument in (
             *arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg,
             arguments.kwarg) if argument is not None)
@@ -164,7 +170,7 @@ class Scope:
     def lookup(self, name: str) -> tuple[ast.AST | None, Scope | None]:
         """What `name` stands for here when it is bound exactly once (an expression, a def or a
         class), and the scope that binds it; (None, None) otherwise."""
-        scope = self
+        scope: Scope | None = self
         while scope is not None:
             if scope.parameters is not None and name in scope.parameter_names:
                 return None, scope  # a parameter: its value comes from the caller
@@ -183,7 +189,7 @@ class Scope:
 class Where:
     facts: FileFacts
     scope: Scope
-    values: object  # values.Values: what expressions are on the plan
+    values: Values  # what expressions are on the plan
     device_unknown: bool = False  # under a device test whose answer on the plan is unknown
     caught: str = ""  # the exception names the try statements around it catch ("*": all)
     at_import: bool = True  # runs when the script is imported again (a spawned worker does)
@@ -238,7 +244,7 @@ class Project:
                    for facts in self.facts)
 
 
-def _spans(lines: list[int], node: ast.AST) -> bool:
+def _spans(lines: list[int], node: ast.stmt | ast.expr) -> bool:
     """Whether one of the sorted lines lies within node."""
     index = bisect.bisect_left(lines, node.lineno)
     return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)

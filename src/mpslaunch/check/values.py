@@ -20,6 +20,10 @@ from functools import cached_property
 
 from mpslaunch.check.environment import Environment
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()
 ENVIRON = type("Environ", (), {"__repr__": lambda self: "os.environ"})()  # the mapping itself
 _ENVIRONMENT_READS = ("os.getenv", "os.environ.get")
@@ -106,37 +110,36 @@ class Values:
         return result
 
     def _value(self, node: ast.AST, scope) -> object:
-        kind = type(node)
-        if kind is ast.Constant:
+        if isinstance(node, ast.Constant):
             return node.value
-        if kind is ast.Name:
+        if isinstance(node, ast.Name):
             if self.qualified(node, scope) == "os.environ":
                 return ENVIRON
             bound, where = scope.lookup(node.id) if scope is not None else (None, None)
             return self.possible(bound, where) if isinstance(bound, ast.expr) else UNKNOWN
-        if kind is ast.Attribute:
+        if isinstance(node, ast.Attribute):
             return self._attribute(node, scope)
-        if kind is ast.UnaryOp and isinstance(node.op, ast.Not):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             operand = truth(self.possible(node.operand, scope))
             return UNKNOWN if operand is UNKNOWN else not operand
-        if kind is ast.UnaryOp and isinstance(node.op, ast.USub):  # -1, a default meaning "none"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):  # -1, a default meaning "none"
             return _converted(lambda number: -number, self.possible(node.operand, scope))
-        if kind is ast.BoolOp:
+        if isinstance(node, ast.BoolOp):
             return self._bool_op(node, scope)
-        if kind is ast.Compare and len(node.ops) == 1:
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
             left, right = self.possible(node.left, scope), self.possible(node.comparators[0], scope)
             if right is ENVIRON and isinstance(node.ops[0], (ast.In, ast.NotIn)):  # "RANK" in os.environ
                 seen = self.environment.seen(settled(left), read_at(node, scope))
                 return UNKNOWN if seen is None else seen.present == isinstance(node.ops[0], ast.In)
             return _compare(node.ops[0], left, right)
-        if kind is ast.Subscript and self.possible(node.value, scope) is ENVIRON:
+        if isinstance(node, ast.Subscript) and self.possible(node.value, scope) is ENVIRON:
             return self._read(node.slice, None, scope)
-        if kind is ast.IfExp:
+        if isinstance(node, ast.IfExp):
             test = truth(self.possible(node.test, scope))
             return UNKNOWN if test is UNKNOWN else self.possible(node.body if test else node.orelse, scope)
-        if kind is ast.Call:
+        if isinstance(node, ast.Call):
             return self._call(node, scope)
-        if kind is ast.JoinedStr and node.values and isinstance(node.values[0], ast.Constant):
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
             return Prefix(str(node.values[0].value))
         return UNKNOWN
 
@@ -280,7 +283,8 @@ def _converted(convert, value: object) -> object:
         return UNKNOWN
 
 
-def _compare(op: ast.cmpop, left: object, right: object) -> object:
+def _compare(op: ast.cmpop, left: Any, right: Any) -> object:
+    """The comparison of two of the script's values; a TypeError where the script's would fail."""
     if isinstance(left, Among) or isinstance(right, Among):
         answers = {_compare(op, one, other) for one in (left if isinstance(left, Among) else (left,))
                    for other in (right if isinstance(right, Among) else (right,))}
@@ -301,13 +305,16 @@ def _option(call: ast.Call) -> tuple[str | None, object]:
     """(dest, default) of parser.add_argument(...)."""
     names = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
     keywords = {keyword.arg: keyword.value for keyword in call.keywords if keyword.arg}
-    if "dest" in keywords and isinstance(keywords["dest"], ast.Constant):
-        dest = keywords["dest"].value
+    dest_node = keywords.get("dest")
+    if isinstance(dest_node, ast.Constant) and isinstance(dest_node.value, str):
+        dest: str | None = dest_node.value
     else:
         long = [name for name in names if name.startswith("--")] or names
         dest = long[0].lstrip("-").replace("-", "_") if long else None
-    action = keywords.get("action")
-    action = action.value if isinstance(action, ast.Constant) else None
+    action_node = keywords.get("action")
+    action = action_node.value if isinstance(action_node, ast.Constant) else ""
+    if not isinstance(action, str):
+        action = ""
     if "required" in keywords and getattr(keywords["required"], "value", False) is True:
         return dest, UNKNOWN
     if "default" in keywords:

@@ -17,6 +17,10 @@ from dataclasses import replace
 from mpslaunch.check.scan import DEFINITION_NODES, FUNCTION_NODES, FileFacts, Project, Scope, Where
 from mpslaunch.check.values import ENVIRON, UNKNOWN, read_at
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 
 def walk_project(project: Project, rules) -> None:
     """Hand each call of the project's files that can run to rules.call, and each if and
@@ -28,7 +32,7 @@ def walk_project(project: Project, rules) -> None:
 # ---------------------------------------------------------------- the main guard
 
 
-def is_main_guard(node: ast.AST) -> bool:
+def is_main_guard(node: ast.AST) -> TypeGuard[ast.If]:
     """`if __name__ == "__main__":` (either way round, or and-ed with more conditions)."""
     if not isinstance(node, ast.If):
         return False
@@ -109,7 +113,8 @@ class _Walker:
         scope = Scope(tree.body, None, None, left_out=self.facts.source.left_out, facts=self.facts)
         self.body(tree.body, Where(self.facts, scope, self.values, at_import=self.unguarded), top_level=True)
 
-    def body(self, statements: Iterable[ast.AST], where: Where, top_level: bool = False) -> None:
+    def body(self, statements: Iterable[ast.stmt | ast.ExceptHandler], where: Where,
+             top_level: bool = False) -> None:
         for statement in statements:
             if top_level and is_main_guard(statement):
                 if self.is_script:  # an imported module's main block does not run
@@ -120,32 +125,32 @@ class _Walker:
             if self.ends_block(statement, where):
                 return
 
-    def statement(self, node: ast.AST, where: Where, top_level: bool = False) -> None:
+    def statement(self, node: ast.stmt | ast.ExceptHandler, where: Where, top_level: bool = False) -> None:
         first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
         if self.facts.touches(first, node.end_lineno or node.lineno):
             self.node(node, where, top_level)
 
     def node(self, node: ast.AST, where: Where, top_level: bool = False) -> None:
-        kind = type(node)
-        if kind is ast.Call:
+        if isinstance(node, ast.Call):
             self.rules.call(node, where)
             for child in ast.iter_child_nodes(node):
                 self.node(child, where)
-        elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             self.function(node, where, top_level)
-        elif kind is ast.ClassDef:
+        elif isinstance(node, ast.ClassDef):
             self.cls(node, where, top_level)
-        elif kind in (ast.If, ast.While, ast.IfExp):
+        elif isinstance(node, (ast.If, ast.While, ast.IfExp)):
             self.conditional(node, where)
-        elif kind is ast.BoolOp:
+        elif isinstance(node, ast.BoolOp):
             self.bool_op(node, where)
-        elif kind in (ast.Try, getattr(ast, "TryStar", ast.Try)):
+        elif isinstance(node, _TRY_NODES):
             caught = " ".join(_caught(handler) for handler in node.handlers)
             self.body(node.body, replace(where, caught=f"{where.caught} {caught}") if caught else where)
-            for part in (*node.handlers, *node.orelse, *node.finalbody):
+            parts: list[ast.stmt | ast.ExceptHandler] = [*node.handlers, *node.orelse, *node.finalbody]
+            for part in parts:
                 self.statement(part, where)
-        elif isinstance(node, ast.stmt) or kind is ast.ExceptHandler:
-            if hasattr(node, "body") and kind is not ast.ExceptHandler:  # with, for
+        elif isinstance(node, (ast.stmt, ast.ExceptHandler)):
+            if hasattr(node, "body") and not isinstance(node, ast.ExceptHandler):  # with, for
                 for child in ast.iter_child_nodes(node):
                     if not isinstance(child, ast.stmt):
                         self.node(child, where)
@@ -214,7 +219,8 @@ class _Walker:
             else:
                 self.statement(statement, inner)
 
-    def function(self, node: ast.AST, where: Where, top_level: bool, method: bool = False) -> None:
+    def function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, where: Where,
+                 top_level: bool, method: bool = False) -> None:
         if isinstance(node, ast.Lambda):
             scope = Scope([], node.args, node, where.scope)
             self.node(node.body, replace(where, scope=scope))
@@ -229,7 +235,7 @@ class _Walker:
         scope = Scope(node.body, node.args, node, where.scope)
         self.body(node.body, replace(where, scope=scope, at_import=at_import))
 
-    def is_dead(self, node: ast.AST) -> bool:
+    def is_dead(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
         """Defined, never named anywhere in the files read, and not decorated (a decorator
         may register it): it never runs."""
         return not node.decorator_list and not self.project.is_named(node.name)
@@ -241,21 +247,20 @@ def stops(statement: ast.AST, where: Where) -> bool:
     decides is false); an if/elif/else whose every branch the plan may take stops; a statement
     that always raises there (raises: a division by torch.cuda.device_count() without CUDA,
     os.environ["RANK"] where the plan removes RANK)."""
-    kind = type(statement)
-    if kind in _ASSIGNMENTS:  # the most common: looked at only on a line that may raise
+    if isinstance(statement, _ASSIGNMENTS):  # the most common: looked at only on a line that may raise
         return statement.value is not None and where.facts.may_raise(statement) and raises(statement.value, where)
-    if kind is ast.Expr:
+    if isinstance(statement, ast.Expr):
         return _exits(statement.value) or where.facts.may_raise(statement) and raises(statement.value, where)
-    if kind in _STOPPERS:
+    if isinstance(statement, _STOPPERS):
         return True
-    if kind is ast.If:
+    if isinstance(statement, ast.If):
         if where.facts.may_raise(statement.test) and raises(statement.test, where):
             return True
         value, reads = where.values.test(statement.test, where.scope)
         taken = (statement.body, statement.orelse) if value is UNKNOWN or reads is None else \
             (statement.body if value else statement.orelse,)
         return all(any(stops(inner, where) for inner in part) for part in taken)
-    if kind is ast.Assert:
+    if isinstance(statement, ast.Assert):
         value, reads = where.values.test(statement.test, where.scope)
         return reads == "device" and value is not True or reads is not None and value is False \
             or where.facts.may_raise(statement) and raises(statement.test, where)
@@ -263,6 +268,8 @@ def stops(statement: ast.AST, where: Where) -> bool:
 
 
 _ASSIGNMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign)
+# try, and try/except* from Python 3.11, which has try's fields
+_TRY_NODES: tuple[type[ast.Try], ...] = (ast.Try, getattr(ast, "TryStar", ast.Try))
 _STOPPERS = (ast.Raise, ast.Return, ast.Continue, ast.Break)
 
 

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 
-from mpslaunch import record
+from mpslaunch import Record, record
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ _MAC_SYSCTLS = ("kern.osproductversion", "kern.osversion", "machdep.cpu.brand_st
 
 
 @record
-class Machine:
+class Machine(Record):
     system: str  # platform.system(): "Darwin", "Linux", "Windows"
     arch: str  # platform.machine() of this Python: "arm64", "x86_64", "aarch64"
     macos_version: tuple[int, ...] | None = None

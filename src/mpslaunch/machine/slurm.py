@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from mpslaunch import record
+from mpslaunch import Record, record
 
 # SLURM's own hostlist refuses a range of more than 65,536 names; a whole list past that is
 # refused here too, before anything is expanded.
@@ -124,7 +124,7 @@ def expand_tasks_per_node(text: str) -> tuple[int, ...]:
 
 
 @record
-class SlurmStep:
+class SlurmStep(Record):
     """The srun step this task runs in, from the step's own variables (a job's variables such as
     SLURM_NNODES or SLURM_NTASKS describe the allocation, not the step). `nodes` is empty when
     the node list cannot be read, and `node_list_error` says why."""
@@ -175,7 +175,7 @@ class SlurmStep:
 
 
 @record
-class SlurmAllocation:
+class SlurmAllocation(Record):
     """A SLURM job seen from outside any srun step: its batch script, or an salloc shell. Its
     numbers are None when SLURM did not set them (`sbatch -N2` without a task count sets no
     SLURM_NTASKS) or they cannot be read."""
@@ -311,7 +311,7 @@ _PROCTRACK = r"^ProctrackType\s*=\s*(\S+)"
 
 
 @record
-class SlurmConfig:
+class SlurmConfig(Record):
     """What the cluster's controller says of how it stops a job; None where it did not say."""
 
     kill_wait: int | None  # KillWait: seconds between a cancelled job's SIGTERM and SIGKILL

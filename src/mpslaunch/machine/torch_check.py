@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 
-from mpslaunch import record, user_folder
+from mpslaunch import Record, record, user_folder
 
 CHECK_TIMEOUT_SECONDS = 20.0
 CACHE_FILE = "mps-check.json"
@@ -115,7 +115,7 @@ def is_torchs_own(facts: dict) -> bool:
 
 
 @record
-class MpsAnswer:
+class MpsAnswer(Record):
     """Whether torch can train on mps here, in torch's words, and what to do if not."""
 
     usable: bool

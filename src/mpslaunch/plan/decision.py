@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
 from mpslaunch.plan.child import (
@@ -55,7 +55,7 @@ from mpslaunch.settings import (
 
 
 @record
-class Decision:
+class Decision(Record):
     """What runs where, for any target: the device, the settings, the engine, the variables.
     Each setting is read in one place, `settings` (with where it came from); `device` is the
     device chosen for the setting's `auto`, `mps`, `cuda` or `cpu`."""

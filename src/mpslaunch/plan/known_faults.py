@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import re
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.machine import version_tuple
 
 ANY_PRECISION = frozenset({"no", "fp16", "bf16"})
 
 
 @record
-class KnownFault:
+class KnownFault(Record):
     name: str
     warning: str  # {torch} and {accelerate} stand for the versions in use
     sources: tuple[str, ...]

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from mpslaunch import output, record
+from mpslaunch import Record, output, record
 from mpslaunch.run import summary
 from mpslaunch.run.awake import kept_awake
 
 
 @record
-class Watch:
+class Watch(Record):
     keep_awake: bool  # the plan's: macOS, unless keep_awake: false or --no_keep_awake
     device: str
     report: bool  # memory warnings and the end line; --quiet turns them off

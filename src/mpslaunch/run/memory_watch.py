@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-from mpslaunch import machine, record
+from mpslaunch import Record, machine, record
 
 SAMPLE_SECONDS = 5.0
 WARN_EVERY_SECONDS = 300.0
@@ -32,7 +32,7 @@ MACOS_WARNING, MACOS_CRITICAL = 2, 4  # kern.memorystatus_vm_pressure_level
 
 
 @record
-class Reading:
+class Reading(Record):
     at: float  # time.monotonic() of the reading
     available: int  # bytes a new allocation can use
     total: int

@@ -14,7 +14,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from mpslaunch import record
+from mpslaunch import Record, record
 
 PROFILE_VERSION = 1
 DEVICES = ("auto", "mps", "cuda", "cpu")
@@ -91,7 +91,7 @@ _TYPO = "far more than any machine or cluster has"
 
 
 @record
-class Option:
+class Option(Record):
     """One launch option or profile key, as the parser, the request and the profile see it."""
 
     name: str  # the Python name, the profile key, and (as --name) the flag

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import re
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT, cut
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
 @record
-class Profile:
+class Profile(Record):
     """A profile: every key with its value."""
 
     version: int = PROFILE_VERSION

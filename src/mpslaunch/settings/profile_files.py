@@ -15,7 +15,7 @@ import os
 import re
 import stat
 
-from mpslaunch import record, user_folder
+from mpslaunch import Record, record, user_folder
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME, cut
 from mpslaunch.settings.paths import missing_profile
@@ -44,7 +44,7 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 
 
 @record
-class ProfileFile:
+class ProfileFile(Record):
     """A profile as read: its file (None: no file, the defaults apply), for a file that
     `accelerate config` wrote the translation it was read through, and the keys the file sets
     (None: every key, as `mpslaunch config` writes them), which messages name by the file.
