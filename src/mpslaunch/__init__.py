@@ -62,8 +62,9 @@ def record(cls: type[_Class]) -> type[_Class]:
     required = len(names) - len(defaults)
     if set(names[required:]) != set(defaults):
         raise TypeError(f"{cls.__name__}: a field without a default follows one with a default")
-    fields = namedtuple(cls.__name__, names,  # type: ignore[misc]  # its fields are cls's
-                        defaults=[defaults[name] for name in names[required:]], module=cls.__module__)
+    tail = [defaults[name] for name in names[required:]]
+    # a namedtuple of cls's fields, which type checkers read from cls itself
+    fields = namedtuple(cls.__name__, names, defaults=tail, module=cls.__module__)  # type: ignore[misc]
     namespace = {key: value for key, value in cls.__dict__.items()
                  if key not in own and key not in ("__dict__", "__weakref__")}
     namespace["__slots__"] = ()

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from mpslaunch.bench.timing import Timing
 
@@ -208,7 +208,7 @@ def _table_cells(r: Result, speedup: float | None) -> tuple[str, ...]:
     )
 
 
-def _environment_line(environment: dict[str, object]) -> str:
+def _environment_line(environment: dict[str, Any]) -> str:
     devices = environment.get("devices", {})
     described = "; ".join(f"{name}: {text}" for name, text in dict(devices).items())
     return f"torch {environment.get('torch', '?')} | {described}"
@@ -273,15 +273,16 @@ def _label_sizes(ax, workload: str, sizes: list[int]) -> None:
 
 def _plot_times(ax, workload: str, results: list[Result], colors: dict) -> None:
     for (device, dtype), points in _series(results).items():
-        medians = [r.timing.median_s for r in points]
+        timings = [r.timing for r in points if r.timing]  # all of them: _series keeps timed ones
+        medians = [t.median_s for t in timings]
         spread = [
-            [r.timing.median_s - r.timing.p25_s for r in points],
-            [r.timing.p75_s - r.timing.median_s for r in points],
+            [t.median_s - t.p25_s for t in timings],
+            [t.p75_s - t.median_s for t in timings],
         ]
         ax.errorbar([r.size for r in points], medians, yerr=spread, marker="o", capsize=3,
                     color=colors[(device, dtype)], label=f"{device} {dtype}")
     shaky = [r for r in results if r.unreliable]
-    _circle(ax, [r.size for r in shaky], [r.timing.median_s for r in shaky])
+    _circle(ax, [r.size for r in shaky], [r.timing.median_s for r in shaky if r.timing])
     ax.set_yscale("log")
     ax.set_ylabel("seconds per op (median, IQR bars)")
     ax.set_title(f"{workload}: time per op")

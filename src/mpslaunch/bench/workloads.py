@@ -60,7 +60,7 @@ def _prepare_matmul(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     return lambda: torch.matmul(left, right, out=out)
 
 
-def small_cnn() -> nn.Module:
+def small_cnn() -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),

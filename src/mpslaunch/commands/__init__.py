@@ -42,6 +42,8 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with the nearest known option and where to look)
     and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
 
+    command_parser: argparse.ArgumentParser  # the chosen command's, once build_parser adds it
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"allow_abbrev": False, "exit_on_error": False,
                                    "formatter_class": HelpFormatter, **kwargs})
@@ -69,8 +71,8 @@ class OneLineParser(argparse.ArgumentParser):
             return (f" ({names} {'is an option' if one else 'are options'} of `{self.prog}`: "
                     f"give {'it' if one else 'them'} after `{self.prog.split()[-1]}`, as in "
                     f"`{self.prog} {names} ...`)")
-        found = [_nearest(word, self._option_string_actions) for word in words]
-        found = list(dict.fromkeys(name for name in found if name))
+        nearest = [_nearest(word, self._option_string_actions) for word in words]
+        found = list(dict.fromkeys(name for name in nearest if name))
         return f" (did you mean {' or '.join(found)}?)" if found else ""
 
 
@@ -93,7 +95,7 @@ def _nearest(word: str, options) -> str | None:
     def plain(name: str) -> str:
         return name.lstrip("-").replace("-", "_")
 
-    spellings = {}
+    spellings: dict[str, str] = {}
     for name in options:  # the underscore spelling first (settings/flags.py adds it first)
         if name.startswith("--"):
             spellings.setdefault(plain(name), name)
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         guard_standard_streams()
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
-    if command not in (None, *COMMANDS) and not {"-h", "--help", "--version"} & set(argv):
+    if command is not None and command not in COMMANDS and not {"-h", "--help", "--version"} & set(argv):
         output.error(unknown_command(argv, command))
         return 2
     parser = build_parser(command)
@@ -164,7 +166,7 @@ def unknown_command(argv: list[str], word: str) -> str:
 
     at = argv.index(word)
     if word.endswith(".py") or os.path.isfile(word):
-        meant = ["launch", *argv]
+        meant: list[str] | None = ["launch", *argv]
     else:
         close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
         meant = [*argv[:at], close[0], *argv[at + 1:]] if close else None
@@ -207,6 +209,8 @@ def _terminal_columns() -> int:
         return int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
         pass
+    if sys.__stdout__ is None:  # Python started without a standard output
+        return 80
     try:
         return os.get_terminal_size(sys.__stdout__.fileno()).columns
     except (AttributeError, ValueError, OSError):

@@ -65,7 +65,7 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
     if problem:
         raise MpslaunchError(problem)
     targeted = isinstance(options, LaunchRequest)
-    if targeted and target_is_file:
+    if isinstance(options, LaunchRequest) and target_is_file:
         check_target(options)
     reported = loaded is None
     loaded = loaded or profile_files.read_active(config_file, profile)
@@ -132,7 +132,7 @@ def _verified(machine: Machine, quiet: bool) -> Machine:
 def _machine_for(settings: Profile, machine: Machine) -> Machine:
     """The machine, with its network addresses when it is machine 0 of several (checked
     against main_process_ip), and with what its host name stands for when it is one of several."""
-    if checks_main_address(settings):
+    if checks_main_address(settings) and settings.main_process_ip is not None:
         machine = machine_probe.with_addresses(machine, settings.main_process_ip)
     if settings.num_machines > 1:  # gloo advertises what this machine's name stands for
         machine = machine_probe.with_own_name(machine)
@@ -147,7 +147,7 @@ def _asks_torch_about_mps(machine: Machine, device: str) -> bool:
 def accelerate_note(loaded: ProfileFile, machine: Machine) -> str:
     """For a profile file that is an Accelerate config, read as the profile it means."""
     note = f"{loaded.path} was read as an Accelerate config file"
-    if loaded.translation.basic_cpu and mps_problem(machine) is None:
+    if loaded.translation and loaded.translation.basic_cpu and mps_problem(machine) is None:
         note += ("; its use_cpu: true is what `accelerate config default` writes on every Mac "
                  "without asking, so this runs on cpu as it says: give --device mps to use the "
                  "GPU, or import it with `mpslaunch config --from_accelerate`")

@@ -124,8 +124,8 @@ def mps_cache_key(machine: Machine) -> str | None:
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
     """'2.14.1+cu130' -> (2, 14, 1); leading numeric parts only."""
-    numbers = re.match(r"[\d.]*", text or "").group(0)
-    return tuple(int(part) for part in numbers.split(".") if part)
+    numbers = re.match(r"[\d.]*", text or "")  # it always matches, maybe nothing
+    return tuple(int(part) for part in numbers.group(0).split(".") if part) if numbers else ()
 
 
 def cpu_brand() -> str | None:

@@ -41,7 +41,7 @@ def interface_addresses() -> tuple[str, ...]:
 
     found = {plain_address(entry.address) for entries in psutil.net_if_addrs().values()
              for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
-    return tuple(sorted(found - {None}))
+    return tuple(sorted(address for address in found if address is not None))
 
 
 def resolved_addresses(name: str) -> tuple[str, ...]:
@@ -52,7 +52,8 @@ def resolved_addresses(name: str) -> tuple[str, ...]:
         found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         return ()
-    return tuple(sorted({plain_address(entry[4][0]) for entry in found} - {None}))
+    plain = {plain_address(str(entry[4][0])) for entry in found}
+    return tuple(sorted(address for address in plain if address is not None))
 
 
 def address_and_port(text: str) -> tuple[str, str | None]:

@@ -35,11 +35,11 @@ def child_environment(settings: Profile, device: str, machine: Machine,
                       here: int | None = None) -> dict[str, str]:
     """Variables the child gets on top of the user's environment (the README's table). `here`:
     the processes that share this machine (num_processes; SLURM's tasks on it in rank mode)."""
-    here = settings.num_processes if here is None else here
+    here = settings.processes if here is None else here
     env = {
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
-        "MPSLAUNCH_NUM_PROCESSES": str(settings.num_processes * settings.num_machines),
+        "MPSLAUNCH_NUM_PROCESSES": str(settings.processes * settings.num_machines),
         # What an unmodified Accelerator() reads
         # (docs/mps-facts.md: How Accelerate passes a plan to a script).
         "ACCELERATE_USE_CPU": "true" if device == "cpu" else "false",
@@ -147,7 +147,7 @@ def with_gpu_ids(machine: Machine, settings: Settings, environ: Mapping[str, str
 
 
 def check_multi_gpu(options: LaunchOptions, settings: Profile, device: str) -> None:
-    world = settings.num_processes * settings.num_machines
+    world = settings.processes * settings.num_machines
     if options.multi_gpu and not (device == "cuda" and world > 1):
         raise MpslaunchError(
             f"--multi_gpu asks for several GPUs, but the plan is {world} process"

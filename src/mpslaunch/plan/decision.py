@@ -79,25 +79,32 @@ class Decision(Record):
 
     @property
     def world_size(self) -> int:
-        return self.settings.num_processes * self.settings.num_machines
+        return self.settings.processes * self.settings.num_machines
+
+    @property
+    def rank_place(self) -> Place | None:
+        """The SLURM step's place in rank mode, else None."""
+        return self.cluster if self.cluster is not None and self.cluster.rank_mode else None
 
     @property
     def rank_mode(self) -> bool:
-        return self.cluster is not None and self.cluster.rank_mode
+        return self.rank_place is not None
 
     @property
     def silent_rank(self) -> bool:
         """Rank mode, not rank 0: rank 0's launcher says the plan, its warnings and its end for
         every task, and this one speaks only of a failure, so a node of 8 tasks prints one plan."""
-        return self.rank_mode and self.cluster.rank != 0
+        place = self.rank_place
+        return place is not None and place.rank != 0
 
     def choice(self) -> str:
         """One line: the device and why, the precision, the processes (and the SLURM step)."""
-        count, machines = self.settings.num_processes, self.settings.num_machines
+        count, machines = self.settings.processes, self.settings.num_machines
         processes = f"{count} process" + ("es" if count > 1 else "")
-        if self.rank_mode:
-            nodes = self.cluster.num_nodes
-            processes = (f"1 process of {self.world_size}, {self.cluster.local_world} on each of "
+        place = self.rank_place
+        if place is not None:
+            nodes = place.num_nodes
+            processes = (f"1 process of {self.world_size}, {place.local_world} on each of "
                          f"{nodes} node{'s' if nodes > 1 else ''}")
         elif machines > 1:
             processes += f" on each of {machines} machines"
@@ -138,13 +145,13 @@ class LaunchPlan(Decision):
 
     def describe(self) -> str:
         """What --dry_run prints: the plan, the command and the variables it adds."""
-        settings = self.settings
+        settings, place = self.settings, self.rank_place
         lines = [
             f"device:          {self.device} ("
             + ("auto, " if settings.device == "auto" else "") + f"{settings.origin('device')})",
             f"reason:          {self.reason}",
             f"mixed precision: {settings.mixed_precision} ({settings.origin('mixed_precision')})",
-            *(_rank_lines(settings, self.cluster) if self.rank_mode else
+            *(_rank_lines(settings, place) if place is not None else
               [f"processes:       {_processes_text(settings, self.one_per_gpu)}",
                *_machines_lines(settings)]),
             *([f"cluster:         {self.cluster.line(settings)}"] if self.cluster else []),
@@ -170,7 +177,7 @@ class LaunchPlan(Decision):
 
 def _processes_text(settings: Settings, one_per_gpu: bool) -> str:
     """`2 per machine (--num_processes), 1 machine (default)`: the counts and where they came from."""
-    count, machines = settings.num_processes, settings.num_machines
+    count, machines = settings.processes, settings.num_machines
     each = "one per visible GPU, " if one_per_gpu and count > 1 else ""
     return (f"{count} per machine ({each}{settings.origin('num_processes')}), {machines} machine"
             f"{'s' if machines > 1 else ''} ({settings.origin('num_machines')})")
@@ -224,8 +231,9 @@ def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine
     `cluster`: where this launcher stands in the SLURM step whose layers were settled."""
     machine = with_gpu_ids(machine, settings, environ)
     device, reason = choose_device(settings, machine)
-    rank_mode = cluster is not None and cluster.rank_mode
-    problem = rank_mode_problem(cluster, device, machine, environ) if rank_mode else None
+    rank_place = cluster if cluster is not None and cluster.rank_mode else None
+    rank_mode = rank_place is not None
+    problem = rank_mode_problem(rank_place, device, machine, environ) if rank_place else None
     if problem:
         raise MpslaunchError(problem)
     one_per_gpu = settings.num_processes is None
@@ -242,11 +250,11 @@ def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine
                                                                           environ)
     if problem:
         raise MpslaunchError(problem)
-    multi = settings.num_processes > 1 or settings.num_machines > 1
-    here = cluster.local_world if rank_mode else settings.num_processes
+    multi = settings.processes > 1 or settings.num_machines > 1
+    here = rank_place.local_world if rank_place else settings.processes
     env = child_environment(settings, device, machine, environ, multi, here)
-    if rank_mode:
-        env.update(rank_variables(cluster, settings))
+    if rank_place:
+        env.update(rank_variables(rank_place, settings))
     env.update(accelerate_environment(options, settings, device))
     return Decision(
         device=device,
@@ -315,7 +323,7 @@ def settle(*layers: Layer) -> Settings:
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:
     found = []
-    if device == "cpu" and settings.num_processes > machine.cpu_count:
+    if device == "cpu" and settings.processes > machine.cpu_count:
         found.append(f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
                      "expect them to be slower than fewer processes")
     if device == "mps" and machine.virtual_machine:

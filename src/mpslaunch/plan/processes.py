@@ -30,23 +30,23 @@ def processes_problem(settings: Profile, device: str, machine: Machine) -> str |
     """Why this many processes and machines cannot run on this device here, or None; the
     message names the number of processes and where it came from (Settings.named)."""
     asked = settings.named("num_processes")
-    if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
+    if device == "mps" and (settings.processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
-        asked = (f"{settings.num_processes} processes ({asked})" if settings.num_processes > 1
+        asked = (f"{settings.processes} processes ({asked})" if settings.processes > 1
                  else f"{settings.num_machines} machines ({settings.named('num_machines')})")
         return (
             f"{asked} cannot train on mps: only one process can use a Mac's GPU, and the "
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
-            f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
+            f"(--num_processes 1), or use --cpu --num_processes {max(settings.processes, 2)} "
             "for several CPU processes, or a machine with several NVIDIA GPUs")
     most_cpu_processes = most_processes("cpu", machine)
-    if device == "cpu" and settings.num_processes > most_cpu_processes:
+    if device == "cpu" and settings.processes > most_cpu_processes:
         return (
-            f"{settings.num_processes} CPU processes ({asked}) on {machine.cpu_count} cores "
+            f"{settings.processes} CPU processes ({asked}) on {machine.cpu_count} cores "
             f"would thrash the machine (each process holds a model copy); use at most "
             f"{most_cpu_processes}, usually no more than {machine.cpu_count}")
     gpus = len(machine.cuda_devices)
-    if device == "cuda" and settings.num_processes > gpus:
+    if device == "cuda" and settings.processes > gpus:
         return (
             f"{asked} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
@@ -119,9 +119,9 @@ def checks_main_address(settings: Profile) -> bool:
 def main_address_problem(settings: Profile, machine: Machine) -> str | None:
     """Why machine 0 cannot serve on main_process_ip, or None. Unchecked (None) when the
     machine's addresses were not probed."""
-    if not checks_main_address(settings) or machine.addresses is None:
-        return None
     address = settings.main_process_ip
+    if not checks_main_address(settings) or machine.addresses is None or address is None:
+        return None
     literal = plain_address(address)
     if literal:
         stands_for: tuple[str, ...] = (literal,)

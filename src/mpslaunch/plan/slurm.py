@@ -63,7 +63,7 @@ class Place(namedtuple("Place", "job_id node_rank num_nodes node rank world loca
             return (f"slurm job {self.job_id}: rank {self.rank} of {self.world} ({self.node}, "
                     f"local rank {self.local_rank})")
         line = f"slurm job {self.job_id}: node {self.node_rank + 1} of {self.num_nodes} ({self.node})"
-        if settings.num_machines > 1:
+        if settings.num_machines > 1 and settings.main_process_ip:
             port = settings.main_process_port or DEFAULT_PORT
             line += f", main {endpoint(settings.main_process_ip, port)}"
         return line
@@ -235,6 +235,8 @@ def rank_mode_problem(place: Place, device: str, machine: Machine,
 def rank_variables(place: Place, settings: Settings) -> dict[str, str]:
     """What torchrun would give this rank, from the step: its rank, its node's, the world's size
     and where rank 0 serves the script's store."""
+    if settings.main_process_ip is None:  # the plan refuses a step with no first node first
+        raise ValueError("rank mode without the address of the step's first node")
     return {
         "RANK": str(place.rank), "LOCAL_RANK": str(place.local_rank),
         "WORLD_SIZE": str(place.world), "LOCAL_WORLD_SIZE": str(place.local_world),

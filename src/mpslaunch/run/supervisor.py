@@ -80,7 +80,7 @@ class Supervisor:
         self.first_at = 0.0
         self.killed_at: int | None = None  # None: nothing killed; 0: the grace period ended; N: signal N came
         self.timer: threading.Timer | None = None
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, Callable[..., object] | int | None] = {}  # signal.signal's answers
         self.lock = threading.RLock()  # the handlers and the wakeup reader act in arrival order
         self.wakeup: tuple[int, int, int] | None = None  # read end, write end, the caller's wakeup fd
 
@@ -97,8 +97,8 @@ class Supervisor:
             yield self
         finally:
             self.stop_clock()
-            for signum, handler in self.previous.items():
-                signal.signal(signum, handler)
+            for signum, previous in self.previous.items():
+                signal.signal(signum, previous)
 
     def handles(self, signum: int) -> bool:
         """Whether the run handles `signum` (it was not ignored when the launcher started)."""

@@ -67,6 +67,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
 NAMELESS_PEER_ABORTS = ((2, 5, 0), (2, 6, 0))  # releases [from, to) whose store without libuv
@@ -77,7 +81,7 @@ def release(version: str) -> tuple[int, int, int] | None:
     """torch.__version__ as (major, minor, patch); None for a pre-release or a build from source
     ("2.8.0a0+git..."), which may predate its release's changes."""
     found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(\+.*)?", version)
-    return tuple(int(part) for part in found.groups()[:3]) if found else None
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
 
 
 def libuv_takes_a_listening_socket(version: str) -> bool:
@@ -142,7 +146,9 @@ class Elastic:
     def logs_specs(self, args, started: Callable[[dict[int, dict[str, str]]], None]):
         """torch's own log folders (as config_from_args makes them); `started(envs)` is called
         with each attempt's rank environments, by local rank, as torch starts them."""
-        class AnnouncingLogsSpecs(self.DefaultLogsSpecs):
+        logs_specs: Any = self.DefaultLogsSpecs  # this torch's class
+
+        class AnnouncingLogsSpecs(logs_specs):
             def reify(self, envs):
                 started(envs)
                 return super().reify(envs)
@@ -165,7 +171,7 @@ def torch_takes_no_signals() -> Iterator[None]:
     if getattr(api, "signal", None) is not signal:  # missing() names it
         yield
         return
-    api.signal = _NoHandlers()
+    api.signal = _NoHandlers()  # type: ignore[assignment]  # torch's module, while the run lasts
     try:
         yield
     finally:
@@ -257,7 +263,7 @@ def graceful_stops(grace_seconds: float, launcher=None) -> Iterator[RankStops]:
     from torch.distributed.elastic.multiprocessing import api
 
     stops = RankStops(grace_seconds)
-    PContext = getattr(api, "PContext", None)
+    PContext: Any = getattr(api, "PContext", None)  # this torch's class, if it has one
     if not _takes_a_timeout(PContext):  # missing() names it
         yield stops
         return
@@ -299,7 +305,7 @@ def graceful_stops(grace_seconds: float, launcher=None) -> Iterator[RankStops]:
 
 
 def _takes_a_timeout(context_class) -> bool:
-    close = getattr(context_class, "close", None)
+    close: Any = getattr(context_class, "close", None)
     try:
         return {"death_sig", "timeout"} <= set(inspect.signature(close).parameters)
     except (TypeError, ValueError):

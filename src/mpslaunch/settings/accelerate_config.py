@@ -21,6 +21,7 @@ from mpslaunch.settings.profile import Profile, check_profile, check_value
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any
 
 # Keys only an Accelerate file has: one of them makes the file Accelerate's.
 MARKERS = ("compute_environment", "distributed_type")
@@ -122,7 +123,7 @@ def translate(config: Mapping[str, object], where: object) -> Translation:
     _unused_sections(reader, kind)
     if config.get("main_training_function", "main") not in ("main", None):
         raise reader.refuse("main_training_function", WAYS["TPUs"])
-    values = {key: config[key] for key in _SAME_NAME if config.get(key) is not None}
+    values: dict[str, Any] = {key: config[key] for key in _SAME_NAME if config.get(key) is not None}
     values["debug"] = _flag(reader, "debug")
     values["device"] = _device(reader, kind)
     values["mixed_precision"] = _precision(reader)

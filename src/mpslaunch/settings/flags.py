@@ -31,14 +31,17 @@ def add_table_options(container, *names: str, groups: dict | None = None) -> Non
 
 
 def _add(container, option: Option) -> None:
-    names = [*([option.short] if option.short else []), *spellings(option.spelling)]
+    spelling = option.spelling
+    if spelling is None:
+        raise ValueError(f"{option.name} is a profile key only: it has no command-line flag")
+    names = [*([option.short] if option.short else []), *spellings(spelling)]
     help_text = option.help + _default_text(option)
     if option.kind is bool:
         container.add_argument(*names, dest=option.name, action="store_const", const=option.const,
                                default=option.request_default, help=help_text)
         return
     metavar = option.metavar or ("{" + ",".join(option.choices) + "}" if option.choices else None)
-    container.add_argument(*names, dest=option.name, type=_parser_of(option), metavar=metavar,
+    container.add_argument(*names, dest=option.name, type=_parser_of(option, spelling), metavar=metavar,
                            default=option.request_default, help=help_text)
 
 
@@ -50,14 +53,14 @@ def _default_text(option: Option) -> str:
     return f" (default: {shown})" if shown else ""
 
 
-def _parser_of(option: Option):
+def _parser_of(option: Option, spelling: str):
     """argparse's type= for the option: its own words for a word that is no number ("invalid
     int value"), the table's words for a value the table refuses."""
     def parse(text: str) -> object:
         try:
             return option.parse(text)
         except ValueError as error:
-            if str(error).startswith(option.spelling):
+            if str(error).startswith(spelling):
                 raise argparse.ArgumentTypeError(str(error)) from None
             raise
 

@@ -23,6 +23,8 @@ from mpslaunch.settings.profile import KNOWN_KEYS, Profile
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
+    from typing import Any
+
     from mpslaunch.settings.profile_files import ProfileFile
     from mpslaunch.settings.request import LaunchOptions
 
@@ -61,7 +63,7 @@ class Settings(Profile):
     origins: Mapping[str, Layer] = MappingProxyType({})  # each key's layer; absent: the defaults
 
     @classmethod
-    def of(cls, values: Mapping[str, object], origins: Mapping[str, Layer]) -> Settings:
+    def of(cls, values: Mapping[str, Any], origins: Mapping[str, Layer]) -> Settings:
         settings = cls(**values)
         object.__setattr__(settings, "origins", origins)  # frozen, as the profile is
         return settings

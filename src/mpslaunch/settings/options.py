@@ -16,6 +16,10 @@ from collections.abc import Callable
 
 from mpslaunch import Record, record
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from typing import Any
+
 PROFILE_VERSION = 1
 DEVICES = ("auto", "mps", "cuda", "cpu")
 PRECISIONS = ("no", "fp16", "bf16")
@@ -42,18 +46,19 @@ PLAN, MACHINES, ACCELERATOR, OUTPUT, RUN = (
 
 
 # ---------------------------------------------------------------- checks of a value of the right type
+# (Any: the value is already of the option's type when its check runs.)
 
 
-def rule(holds: Callable[[object], bool], wording: str) -> Callable[[object], str | None]:
+def rule(holds: Callable[[Any], bool], wording: str) -> Callable[[Any], str | None]:
     """A check: None when `holds(value)`, else `wording` with {value} (or {quoted}) filled in."""
     return lambda value: None if holds(value) else wording.format(value=value, quoted=quoted(value))
 
 
-def at_least(low: int) -> Callable[[object], str | None]:
+def at_least(low: int) -> Callable[[Any], str | None]:
     return rule(lambda value: value >= low, f"must be {low} or more, not {{value}}")
 
 
-def count(low: int, high: int, what: str) -> Callable[[object], str | None]:
+def count(low: int, high: int, what: str) -> Callable[[Any], str | None]:
     """A count from `low` to `high`: above it, the number is a typo (`what`: why so many is not
     meant)."""
     too_few, too_many = at_least(low), rule(lambda value: value <= high,
@@ -61,7 +66,7 @@ def count(low: int, high: int, what: str) -> Callable[[object], str | None]:
     return lambda value: too_few(value) or too_many(value)
 
 
-def seconds(low: float, high: float, above: bool = False) -> Callable[[object], str | None]:
+def seconds(low: float, high: float, above: bool = False) -> Callable[[Any], str | None]:
     """A number of seconds in (low, high] when `above`, else in [low, high]; nan never holds."""
     if above:
         return rule(lambda value: low < value <= high,

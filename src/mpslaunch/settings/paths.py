@@ -92,7 +92,7 @@ def current_folder() -> str | None:
 def denied_at(shown: str) -> str:
     """Which step of the path this user may not take: a folder it cannot enter, or the file."""
     absolute = os.path.abspath(shown) if current_folder() else shown
-    folders = []
+    folders: list[str] = []
     parent = os.path.dirname(absolute)
     while parent and parent not in folders:
         folders.insert(0, parent)

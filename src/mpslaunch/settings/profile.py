@@ -54,6 +54,13 @@ class Profile(Record):
     def replace(self, **changes: object) -> Profile:
         return self._replace(**changes)
 
+    @property
+    def processes(self) -> int:
+        """num_processes once the plan has decided it (it fills None, one per GPU, in first)."""
+        if self.num_processes is None:
+            raise ValueError("num_processes is read before the plan decides it")
+        return self.num_processes
+
     def to_dict(self) -> dict[str, object]:
         """Every key and its value (only the profile's keys, from a Settings too)."""
         return {name: getattr(self, name) for name in Profile._fields}

@@ -32,6 +32,7 @@ from mpslaunch.settings.profile import (
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Any
 
     import yaml
 
@@ -81,7 +82,7 @@ def read(path: Path) -> ProfileFile:
     unknown = unknown_keys_problem([(key.value, key.start_mark.line + 1) for key, _ in document.value])
     if unknown:
         raise MpslaunchError(f"{path}, {unknown}")
-    values = {}
+    values: dict[str, Any] = {}  # each checked against the option table before it is kept
     for key_node, value_node in document.value:
         key = key_node.value
         where = f"{path}, line {key_node.start_mark.line + 1}"
@@ -101,12 +102,12 @@ def read(path: Path) -> ProfileFile:
 
 def _as_written(node: yaml.Node, value: object) -> str | None:
     """A number whose spelling YAML reads otherwise than a person does (8:20, 010)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and node.style is None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and getattr(node, "style", None) is None:
         return written_number_problem(node.value, value)
     return None
 
 
-def _as_meant(key: str, value: object) -> object:
+def _as_meant(key: str, value: Any) -> Any:
     """YAML 1.1 reads an unquoted `no` (or off, false) as False, as Accelerate's files do: for a
     key whose choices include "no" (mixed_precision, dynamo_backend) that is what it means."""
     return "no" if value is False and "no" in BY_NAME[key].choices else value
@@ -233,7 +234,7 @@ def _check_aliases(document: yaml.Node, text_size: int, path: Path) -> None:
                              f"{limit:,} items, far more than a profile holds; write the values out")
 
 
-def _construct(node: yaml.Node, path: Path) -> object:
+def _construct(node: yaml.Node, path: Path) -> Any:  # the file's data, checked by the caller
     import yaml
 
     # SafeConstructor refuses tags such as !!python/object: profiles are data, never code.

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 
 from mpslaunch.run.torchrun.outcome import how_it_ended
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 
@@ -66,7 +70,7 @@ class FailureRecords(logging.Handler):
         self.attempts = attempts
 
     def emit(self, record: logging.LogRecord) -> None:
-        args = record.args if isinstance(record.args, tuple) else ()
+        args: tuple[Any, ...] = record.args if isinstance(record.args, tuple) else ()
         if str(record.msg).startswith("failed (exitcode") and len(args) >= 2:
             try:
                 self.attempts.failure = (int(args[0]), int(args[1]))

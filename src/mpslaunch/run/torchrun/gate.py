@@ -214,7 +214,9 @@ def agreed_terms(device: str, mixed_precision: str, processes: int, machines: in
 def plan_difference(plans: dict[int, dict[str, str]]) -> str | None:
     """The first way a machine's plan differs from machine 0's, as a one-line refusal."""
     main = plans.get(0)
-    for rank, plan in sorted(plans.items()) if main else ():
+    if not main:
+        return None
+    for rank, plan in sorted(plans.items()):
         for term, value in main.items():
             if plan.get(term) != value:
                 return (f"the machines' plans differ: machine {rank} plans {term} {plan.get(term)}, "

@@ -18,6 +18,10 @@ from pathlib import Path
 from mpslaunch.run.processes import exit_code
 from mpslaunch.run.summary import crash_meaning
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 @dataclass(frozen=True)
 class RankFailure:
@@ -36,7 +40,7 @@ def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
                        str(folder) if folder else None)
 
 
-def largest_own_failure(failures: Mapping[int, object], stopped: Mapping[int, int]) -> int:
+def largest_own_failure(failures: Mapping[int, Any], stopped: Mapping[int, int]) -> int:
     """The rank, among those that failed by themselves (not one the launcher stopped: local
     ranks in `stopped`), with the largest exit code: in a SLURM step srun reports its tasks'
     largest code, so each node reports its ranks' largest, and the script's own code is what a
@@ -46,7 +50,7 @@ def largest_own_failure(failures: Mapping[int, object], stopped: Mapping[int, in
     return max(own, key=lambda rank: (exit_code(own[rank].exitcode), -rank))
 
 
-def other_endings(first: RankFailure, failures: Mapping[int, object], local_ranks: int,
+def other_endings(first: RankFailure, failures: Mapping[int, Any], local_ranks: int,
                   stopped: Mapping[int, int] | None = None) -> dict[int, int]:
     """How this machine's other ranks ended: a rank the launcher stopped as the stop recorded it
     (`stopped`: local rank -> exit code); another as torch reported it (torch before 2.10 reports

@@ -126,6 +126,8 @@ class LauncherSignals:
         return self.watcher.death_signal(default)
 
     def _announce(self, signum: int) -> None:
+        if self.say is None:  # the supervisor announces only where there is a say
+            return
         how = "sent to every rank by SLURM" if self.watcher.delivered else "passed on to every rank"
         self.say(f"mpslaunch: {signal.Signals(signum).name} {how}; they have "
                  f"{self.watcher.grace_seconds:g} s to stop (--grace_period) before they are "
