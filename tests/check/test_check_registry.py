@@ -9,7 +9,9 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, write_script
+import pytest
+
+from helpers import REPO, write_script
 
 from mpslaunch.check import Target, registry
 from mpslaunch.check import rules as _rules  # noqa: F401 - imports the code behind each rule
@@ -63,6 +65,7 @@ def launch_warnings(tmp_path, *python: str) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("mpslaunch: warning: ")]
 
 
+@pytest.mark.slow
 def test_a_rule_added_changes_what_launch_shows_for_a_script_seen_before(tmp_path, isolated_cache_dir):
     write_script(tmp_path, "train.py", "import torch\n\nprint(torch.ones(2).sum())\n")
     assert launch_warnings(tmp_path, "-m", "mpslaunch") == []  # checked, and the (empty) findings kept
