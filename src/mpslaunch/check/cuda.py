@@ -52,7 +52,7 @@ def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, quali
 class Load(Check):
     """torch.load without map_location, or with one on cuda; not of a file the project writes."""
 
-    def __init__(self, rules, rule):
+    def __init__(self, rules, rule) -> None:
         super().__init__(rules, rule)
         self._saved: set[str] | None = None
 

@@ -24,7 +24,7 @@ _CUDA_QUERIES = ("torch.cuda.is_available", "torch.cuda.device_count")
 class Choices(Check):
     """The fall-back sites seen in a walk, one finding per choice (or per flag)."""
 
-    def __init__(self, rules, rule):
+    def __init__(self, rules, rule) -> None:
         super().__init__(rules, rule)
         self.sites: dict[tuple[object, ...], tuple[Where, ast.stmt | ast.expr, str]] = {}  # key -> first site
         self.explicit_origins: set[object] = set()

@@ -50,7 +50,7 @@ _QUERIES = {
 class Values:
     """Evaluates expressions of the project's files on one target."""
 
-    def __init__(self, target, project):
+    def __init__(self, target, project) -> None:
         self.target, self.project = target, project
         self.environment = Environment(target.device, target.processes, project.facts)
         self._memo: dict[int, object] = {}

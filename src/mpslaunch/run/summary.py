@@ -165,7 +165,7 @@ class Clock:
     """The run's time: from the start until stop() (the script's end), not until the end line
     is printed, after the clean-up."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.started = time.monotonic()
         self.stopped: float | None = None
 

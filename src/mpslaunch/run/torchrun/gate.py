@@ -235,7 +235,7 @@ class _NativeStderr:
     instead. Only the launcher writes at this point (no rank has started). `close()` (the main
     thread, done waiting) gives it back at once, even while a call it left behind still runs."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.saved: int | None = None  # the real descriptor 2, while dropped
         self.closed = False
