@@ -5,6 +5,7 @@ is marked `slow`). The helpers the tests share are in helpers.py."""
 from __future__ import annotations
 
 import _posixsubprocess
+import ast
 import os
 import subprocess
 from pathlib import Path
@@ -80,6 +81,23 @@ def processes_only_in_slow_tests(request, monkeypatch):
         pytest.fail(f"this test starts a process ({started[0]}) but is not marked slow: mark it "
                     "@pytest.mark.slow, or its file with pytestmark = pytest.mark.slow "
                     "(tests/README.md: Running it)", pytrace=False)
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """The fast lane (-m "not slow") does not even import a file whose every test is slow (its
+    module-level pytestmark says so): importing some costs seconds (the examples import
+    torchvision, scikit-learn and Accelerate), and none of their tests would run."""
+    if config.getoption("markexpr") != "not slow" or not collection_path.name.startswith("test_") \
+            or collection_path.suffix != ".py":
+        return None
+    tree = ast.parse(collection_path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "pytestmark"
+                                                for target in node.targets):
+            marks = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+            if any(ast.unparse(mark) == "pytest.mark.slow" for mark in marks):
+                return True
+    return None
 
 
 # ---------------------------------------------------------------- SLURM
