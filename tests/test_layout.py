@@ -2,15 +2,21 @@
 between its packages point down only, a package is imported through its `__init__.py`, and the
 modules of a package import each other without a circle (imports inside functions and for type
 checking count: they only hide one), and torch's private API is reached from
-run/torch_internals.py alone."""
+run/torch_internals.py alone. And the tests' own layout: a test that starts a process is
+marked `slow`, or it fails (conftest.py), so the fast lane stays fast."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import REPO, write_script
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "mpslaunch"
 # Each package may import those on a lower layer (and `output`, the bottom).
@@ -187,3 +193,55 @@ def test_every_way_of_reaching_torchs_private_api_is_found():
         "torch.distributed.elastic", "torch.distributed.elastic.agent.server.api",
         "torch.distributed.elastic.multiprocessing.api"]
     assert torch_private_uses(PRIVATE_TORCH_HOME.read_text(encoding="utf-8"))  # its home uses it
+
+
+# ---------------------------------------------------------------- the fast lane's guard
+
+STARTING = """
+import multiprocessing
+import subprocess
+
+import pytest
+
+
+def test_runs_a_command():
+    subprocess.run(["true"], check=True)
+
+
+def test_runs_a_command_and_swallows_the_refusal():
+    try:
+        subprocess.run(["true"])
+    except Exception:
+        pass
+
+
+def test_spawns_a_worker():
+    worker = multiprocessing.get_context("spawn").Process(target=print)
+    worker.start()
+    worker.join()
+
+
+@pytest.mark.slow
+def test_marked_slow_runs_a_command():
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_starts_nothing():
+    assert True
+"""
+
+
+@pytest.mark.slow
+def test_a_test_that_starts_a_process_and_is_not_marked_slow_fails(tmp_path):
+    test_file = write_script(tmp_path, "test_starting.py", STARTING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    # The suite's conftest as a plugin, with the project's settings (its markers).
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                          "-c", str(REPO / "pyproject.toml"), "-rfE", str(test_file)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    errors = {line.split()[1].split("::")[-1] for line in ran.stdout.splitlines() if line.startswith("ERROR ")}
+    assert errors == {"test_runs_a_command", "test_runs_a_command_and_swallows_the_refusal",
+                      "test_spawns_a_worker"}, ran.stdout[-3000:]
+    assert "this test starts a process (_execute_child: ['true']) but is not marked slow" in ran.stdout
+    assert ran.stdout.strip().splitlines()[-1].startswith("2 failed, 3 passed, 3 errors"), ran.stdout[-3000:]

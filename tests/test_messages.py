@@ -12,7 +12,7 @@ import codecs
 
 import pytest
 
-from conftest import MACHINES, one_line_error, run_cli, write_script
+from helpers import MACHINES, one_line_error, run_cli, write_script
 from mpslaunch.settings import profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import RDZV_TIMEOUT_MAX, LaunchRequest
@@ -20,6 +20,7 @@ from mpslaunch.plan import resolve
 from mpslaunch.settings import Profile
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, option", [("launch", "--cpu"), ("bench", "--cpu"),
                                              ("launch", "--dry_run")])
 def test_an_option_given_before_the_command_is_said_to_belong_after_it(tmp_path, command, option):
@@ -30,6 +31,7 @@ def test_an_option_given_before_the_command_is_said_to_belong_after_it(tmp_path,
     assert not (tmp_path / "train.py.ran").exists()
 
 
+@pytest.mark.slow
 def test_a_profile_value_is_named_by_its_key_and_file(tmp_path):
     script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
     profile = tmp_path / "many.yaml"
@@ -72,6 +74,7 @@ def test_a_utf16_profile_without_its_mark_is_named_as_utf16(tmp_path):
         profile_files.load(path)
 
 
+@pytest.mark.slow
 def test_a_utf16_profile_through_the_cli(tmp_path):
     script = write_script(tmp_path, "train.py", "print('ran')\n")
     path = tmp_path / "p.yaml"
@@ -81,6 +84,7 @@ def test_a_utf16_profile_through_the_cli(tmp_path):
     assert result.stdout == "ran\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [99999999999999, RDZV_TIMEOUT_MAX + 1])
 def test_a_rendezvous_timeout_too_long_for_any_clock_is_refused(tmp_path, value):
     script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
@@ -96,6 +100,7 @@ def test_a_rendezvous_timeout_too_long_for_any_clock_is_refused(tmp_path, value)
     assert not (tmp_path / "train.py.ran").exists()
 
 
+@pytest.mark.slow
 def test_the_longest_rendezvous_timeout_is_accepted(tmp_path):
     script = write_script(tmp_path, "train.py", "")
     result = run_cli("launch", "--cpu", "--num_machines", "2", "--main_process_ip", "127.0.0.1",

@@ -8,7 +8,9 @@ import re
 
 import pytest
 
-from conftest import REPO, run_cli, two_gloo_ranks_ended_well, write_script
+from helpers import REPO, run_cli, two_gloo_ranks_ended_well, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 # What the snippet leaves to the reader: a model, and the training at `...`.
 MODEL = "import torch\nMyModel = lambda: torch.nn.Linear(4, 2)\n"

@@ -11,7 +11,7 @@ import pytest
 from platformdirs.macos import MacOS
 from platformdirs.unix import Unix
 
-from conftest import write_script
+from helpers import write_script
 from mpslaunch import plain_user_folder, user_folder
 
 PLATFORMDIRS = {"linux": Unix, "darwin": MacOS}
@@ -72,6 +72,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the plain answer on this machine's platform")
 def test_a_launch_needs_no_platformdirs(tmp_path):
     """The default path (the check before the launch keeps its findings in the cache folder)."""

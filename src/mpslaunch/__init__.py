@@ -1,6 +1,32 @@
 """mpslaunch: launch PyTorch training on your own machine, Apple silicon first."""
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, TypeVar
+
+    from typing_extensions import Self, dataclass_transform
+
+    _Class = TypeVar("_Class")
+
+    class Record(tuple[Any, ...]):
+        """What type checkers know of a record besides its fields (dataclass_transform on
+        `record` gives those): the namedtuple it is at run time."""
+
+        _fields: ClassVar[tuple[str, ...]]
+        _field_defaults: ClassVar[dict[str, Any]]
+
+        def __new__(cls, *values: Any, **fields: Any) -> Self: ...
+        def _replace(self, **changes: Any) -> Self: ...
+        def _asdict(self) -> dict[str, Any]: ...
+else:
+    Record = object  # a record's base, for type checkers: `record` makes the namedtuple
+
+    def dataclass_transform(**_):  # typing's marker for type checkers; nothing at run time
+        return lambda function: function
 
 
 def command_line() -> int:
@@ -31,26 +57,34 @@ def lazy_names(package: str, modules: dict[str, tuple[str, ...]]):
     return __getattr__
 
 
-def record(cls: type) -> type:
+@dataclass_transform(frozen_default=True)
+def record(cls: type[_Class]) -> type[_Class]:
     """A class written as a frozen dataclass is (annotated fields, defaults, methods), made a
     namedtuple: defining a dataclass compiles several functions, which every launch would pay
-    for, and `dataclasses` imports `inspect`. The fields of a record it subclasses come first;
-    fields with defaults come last. Its values: `_replace(...)`, `_fields`, `_field_defaults`,
-    `_asdict()`, and the annotations (as written) in `__annotations__`."""
+    for, and `dataclasses` imports `inspect`. Written `@record class Name(Record):`, or with the
+    record it subclasses as base, whose fields come first; fields with defaults come last. Its
+    values: `_replace(...)`, `_fields`, `_field_defaults`, `_asdict()`, and the annotations (as
+    written) in `__annotations__`."""
     from collections import namedtuple  # already imported by subprocess and re
 
-    base = next((base for base in cls.__bases__ if hasattr(base, "_fields")), None)
+    base: Any = next((base for base in cls.__bases__ if hasattr(base, "_fields")), None)
     own = tuple(cls.__dict__.get("__annotations__", {}))
     names = (*(base._fields if base else ()), *own)
-    defaults = {**(base._field_defaults if base else {}),
-                **{name: cls.__dict__[name] for name in own if name in cls.__dict__}}
+    defaults = {
+        **(base._field_defaults if base else {}),
+        **{name: cls.__dict__[name] for name in own if name in cls.__dict__},
+    }
     required = len(names) - len(defaults)
     if set(names[required:]) != set(defaults):
         raise TypeError(f"{cls.__name__}: a field without a default follows one with a default")
-    fields = namedtuple(cls.__name__, names, defaults=[defaults[name] for name in names[required:]],
-                        module=cls.__module__)
-    namespace = {key: value for key, value in cls.__dict__.items()
-                 if key not in own and key not in ("__dict__", "__weakref__")}
+    tail = [defaults[name] for name in names[required:]]
+    # a namedtuple of cls's fields, which type checkers read from cls itself
+    fields = namedtuple(cls.__name__, names, defaults=tail, module=cls.__module__)  # type: ignore[misc]
+    namespace = {
+        key: value
+        for key, value in cls.__dict__.items()
+        if key not in own and key not in ("__dict__", "__weakref__")
+    }
     namespace["__slots__"] = ()
     bases = (fields, *cls.__bases__) if base else (fields,)
     made = type(cls.__name__, bases, namespace)
@@ -63,8 +97,10 @@ def record(cls: type) -> type:
 
 
 # kind: the variable that moves it, then the folder under the home on Linux and on macOS
-_USER_FOLDERS = {"config": ("XDG_CONFIG_HOME", ".config", "Library/Application Support"),
-                 "cache": ("XDG_CACHE_HOME", ".cache", "Library/Caches")}
+_USER_FOLDERS = {
+    "config": ("XDG_CONFIG_HOME", ".config", "Library/Application Support"),
+    "cache": ("XDG_CACHE_HOME", ".cache", "Library/Caches"),
+}
 
 
 def user_folder(kind: str) -> str:

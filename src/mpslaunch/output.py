@@ -49,8 +49,11 @@ def say(text: str, quiet: bool = False, stream=None) -> None:
 
 # A name the user chose (a file name may hold a newline) must not start a line of its own, which
 # could pass for one of the launcher's: control characters are shown escaped, as Python writes them.
-_ESCAPED = {**{code: f"\\x{code:02x}" for code in (*range(32), 127) if code != 9},
-            ord("\n"): "\\n", ord("\r"): "\\r"}
+_ESCAPED = {
+    **{code: f"\\x{code:02x}" for code in (*range(32), 127) if code != 9},
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+}
 
 
 def one_line(text: str) -> str:
@@ -63,7 +66,9 @@ def shell_words(words) -> str:
     written $'...', so that it stays on its line."""
     import shlex
 
-    return " ".join(shlex.quote(word) if one_line(word) == word else _ansi_c(word) for word in words)
+    return " ".join(
+        shlex.quote(word) if one_line(word) == word else _ansi_c(word) for word in words
+    )
 
 
 def _ansi_c(word: str) -> str:

@@ -23,7 +23,7 @@ from mpslaunch.bench.report import (
 )
 from mpslaunch.bench.timing import Timing
 from mpslaunch.output import MpslaunchError
-from conftest import MACHINES, one_line_error, read_only_disk, run_cli
+from helpers import MACHINES, one_line_error, read_only_disk, run_cli
 
 TINY = ["--cpu", "--sizes", "16,32,64", "--batch-sizes", "2,4", "--repeats", "3",
         "--warmup", "1", "--budget", "0.5"]
@@ -364,6 +364,7 @@ def test_no_accelerator_is_said_before_measuring(monkeypatch, capsys):
     assert said_before_measuring[1] == ""  # --cpu asked for the cpu alone
 
 
+@pytest.mark.slow
 def test_cli_module_import_does_not_load_torch_or_config_only_packages():
     # cli.py imports bench to build its parser; the launcher must stay torch-free there, and
     # the GPU machine has no questionary/platformdirs.
@@ -375,6 +376,7 @@ def test_cli_module_import_does_not_load_torch_or_config_only_packages():
 
 # ---- through the real CLI ----------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(bench_devices.accelerators_present()), reason="needs a machine without one")
 def test_cli_without_an_accelerator_warns_then_measures_the_cpu():
     done = run_cli("bench", "--workload", "matvec", "--sizes", "16", "--repeats", "2", "--json")
@@ -383,6 +385,7 @@ def test_cli_without_an_accelerator_warns_then_measures_the_cpu():
     assert {row["device"] for row in json.loads(done.stdout)["results"]} == {"cpu"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["--sizes", "0"], ["--devices", "tpu"],
                                   ["--repeats", "x"], ["--budget", "1e308"]])
 def test_cli_bad_input_exits_2_with_one_line(argv):
@@ -392,6 +395,7 @@ def test_cli_bad_input_exits_2_with_one_line(argv):
     assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
 
 
+@pytest.mark.slow
 def test_cli_cpu_run_prints_the_table_without_config_only_packages(tmp_path):
     # The GPU machine has no questionary or platformdirs: bench must never import them.
     done = run_cli("bench", "--cpu", "--sizes", "16", "--workload", "matvec", "--repeats", "2",
@@ -424,6 +428,7 @@ sys.exit(main(["bench", "--cpu", "--workload", "matvec", "--sizes", "16,32", "--
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
 def test_ctrl_c_in_the_middle_of_a_long_op_stops_and_reports(tmp_path):
     import signal
@@ -448,6 +453,7 @@ def test_ctrl_c_in_the_middle_of_a_long_op_stops_and_reports(tmp_path):
 
 # ---- --out refused before measuring ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_out_that_is_a_file_is_refused_before_measuring(tmp_path):
     (tmp_path / "results.csv").write_text("kept\n")
     refused = run_cli("bench", *TINY, "--out", str(tmp_path / "results.csv"))
@@ -456,6 +462,7 @@ def test_an_out_that_is_a_file_is_refused_before_measuring(tmp_path):
     assert (tmp_path / "results.csv").read_text() == "kept\n"
 
 
+@pytest.mark.slow
 def test_an_out_in_a_read_only_place_is_refused_before_measuring(tmp_path):
     with read_only_disk(tmp_path / "ro") as place:
         for out in (place, place / "results"):

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ON_A_MAC_CLI as ON_A_MAC
-from conftest import REPO, run_cli, write_script
+import pytest
+
+from helpers import ON_A_MAC_CLI as ON_A_MAC
+from helpers import REPO, run_cli, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CUDA_FIRST = str(SCRIPTS / "cuda_first.py")

@@ -10,7 +10,11 @@ import os
 import re
 from pathlib import Path
 
-from conftest import REPO, run_cli, write_script
+import pytest
+
+from helpers import REPO, run_cli, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

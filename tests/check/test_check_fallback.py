@@ -12,10 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import DESCRIBED_MAC_BUILD as BUILD
-from conftest import ON_A_MAC_CLI as ON_A_MAC
-from conftest import run_cli, write_script
+import pytest
+
+from helpers import DESCRIBED_MAC_BUILD as BUILD
+from helpers import ON_A_MAC_CLI as ON_A_MAC
+from helpers import run_cli, write_script
 from mpslaunch.machine import probe, torch_check
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

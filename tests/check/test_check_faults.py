@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_line_error, run_cli, small_disk, write_script
+from helpers import one_line_error, run_cli, small_disk, write_script
 
 from mpslaunch.check import Target, cache, check_sources
 from mpslaunch.check.reading import read_sources
@@ -37,6 +37,7 @@ def cache_files(folder: Path) -> list[Path]:
 # ---------------------------------------------------------------- the kept findings
 
 
+@pytest.mark.slow
 def test_a_full_disk_leaves_no_temporary_file(tmp_path):
     script = write_script(tmp_path, "train.py", CUDA_LINE)
     with small_disk(tmp_path / "cache", "64k") as disk:
@@ -51,6 +52,7 @@ def test_a_full_disk_leaves_no_temporary_file(tmp_path):
         assert [path.name for path in cache_files(disk) if path.name != "filler"] == []
 
 
+@pytest.mark.slow
 def test_kept_findings_follow_the_content_and_a_module_added_later(tmp_path):
     script = write_script(tmp_path, "train.py", "import torch\nimport helpers\n\nx = torch.ones(1).cuda()\n")
 
@@ -70,6 +72,7 @@ def test_kept_findings_follow_the_content_and_a_module_added_later(tmp_path):
     assert launch() == ["helpers.py:3"]
 
 
+@pytest.mark.slow
 def test_a_damaged_entry_is_checked_again_and_rewritten(tmp_path, isolated_cache_dir, monkeypatch):
     write_script(tmp_path, "train.py", CUDA_LINE)
     first = warnings_of(run_cli("launch", "--dry-run", "--cpu", "train.py", cwd=tmp_path))
@@ -92,6 +95,7 @@ def test_a_damaged_entry_is_checked_again_and_rewritten(tmp_path, isolated_cache
     assert cache.read(Path("train.py"), Target("cpu", 1, "Linux"), isolated_cache_dir) is not None  # rewritten
 
 
+@pytest.mark.slow
 def test_each_script_keeps_its_own_small_entry(tmp_path, isolated_cache_dir):
     many = write_script(tmp_path, "many.py", "import torch\n\n" + "torch.ones(1).cuda()\n" * 3000)
     other = write_script(tmp_path, "other.py", CUDA_LINE)
@@ -106,6 +110,7 @@ def test_each_script_keeps_its_own_small_entry(tmp_path, isolated_cache_dir):
     assert all((path.stat().st_ino, path.stat().st_mtime_ns) == stamp for path, stamp in before.items())
 
 
+@pytest.mark.slow
 def test_concurrent_launches_keep_every_script_s_findings(tmp_path, isolated_cache_dir):
     scripts = [write_script(tmp_path, f"train_{n}.py", CUDA_LINE) for n in range(4)]
     env = {**os.environ, "MPSLAUNCH_CACHE_DIR": str(isolated_cache_dir)}
@@ -121,6 +126,7 @@ def test_concurrent_launches_keep_every_script_s_findings(tmp_path, isolated_cac
 # ---------------------------------------------------------------- finding and reading the script
 
 
+@pytest.mark.slow
 def test_a_removed_working_folder_works_as_python_does(tmp_path):
     script = write_script(tmp_path, "ok.py", "print('ok')\n")
     gone = tmp_path / "gone"
@@ -142,6 +148,7 @@ def test_a_removed_working_folder_works_as_python_does(tmp_path):
         assert "no script at nope.py" in line and "the current folder was removed" in line
 
 
+@pytest.mark.slow
 def test_a_fifo_is_refused_without_waiting(tmp_path):
     os.mkfifo(tmp_path / "x.py")
     for args in (("check", "x.py"), ("launch", "--dry-run", "x.py"), ("launch", "--dry-run", "--no_check", "x.py")):
@@ -160,6 +167,7 @@ def unprivileged() -> list[str]:
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
+@pytest.mark.slow
 def test_an_unreadable_folder_and_a_symlink_loop_say_why(tmp_path):
     prefix = unprivileged()
     locked = tmp_path / "locked"
@@ -184,6 +192,7 @@ def test_an_unreadable_folder_and_a_symlink_loop_say_why(tmp_path):
 # ---------------------------------------------------------------- what check did not read
 
 
+@pytest.mark.slow
 def test_modules_past_the_limit_are_named_as_not_read(tmp_path):
     imports = "".join(f"import mod{n}\n" for n in range(100))
     write_script(tmp_path, "train.py", "import torch\n" + imports)
@@ -205,6 +214,7 @@ def notebook(cells: list[tuple[str, str]], **extra) -> str:
                                  for kind, source in cells]})
 
 
+@pytest.mark.slow
 def test_a_notebook_s_code_cells_are_read_and_named(tmp_path):
     write_script(tmp_path, "train.ipynb", notebook([
         ("markdown", "# Training\nOn the GPU.\n"),
@@ -226,6 +236,7 @@ def test_a_notebook_s_code_cells_are_read_and_named(tmp_path):
     assert (report["findings"][0]["file"], report["findings"][0]["line"]) == ("train.ipynb:cell_3", 3)
 
 
+@pytest.mark.slow
 def test_a_notebook_that_cannot_be_read_and_launching_one_are_one_line(tmp_path):
     write_script(tmp_path, "broken.ipynb", '{"cells": [')
     assert "not a Jupyter notebook" in one_line_error(run_cli("check", "broken.ipynb", cwd=tmp_path))
@@ -247,6 +258,7 @@ DEEP = {  # inside a function never called: a Python that parses them never comp
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deep", DEEP.values(), ids=DEEP.keys())
 def test_too_deep_for_the_parser_is_one_line_and_launch_still_runs_it(tmp_path, deep):
     script = write_script(tmp_path, "train.py", f"import torch\n\ndef never():\n    return {deep}\n")
@@ -258,6 +270,7 @@ def test_too_deep_for_the_parser_is_one_line_and_launch_still_runs_it(tmp_path, 
     assert "Traceback" not in ran.stderr and script.exists()
 
 
+@pytest.mark.slow
 def test_too_deep_for_the_check_but_not_for_python_runs_with_one_warning(tmp_path):
     write_script(tmp_path, "train.py", "import torch\nf = " + "lambda: " * 2500 + "1\nprint('ran')\n")
     ran = run_cli("launch", "--cpu", "train.py", cwd=tmp_path, timeout=180)
@@ -282,6 +295,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, function", [("mpslaunch.check.reading", "read_sources"), ("os", "replace")])
 def test_ctrl_c_during_the_check_before_a_launch(tmp_path, isolated_cache_dir, module, function):
     write_script(tmp_path, "train.py", CUDA_LINE + "print('ran')\n")

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, write_script
+import pytest
+
+from helpers import REPO, write_script
 
 import mpslaunch
 from mpslaunch.check import Target, cache, registry
@@ -77,6 +79,7 @@ def with_another_rule(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_rule_added_changes_what_launch_shows_for_a_script_seen_before(tmp_path, isolated_cache_dir):
     write_script(tmp_path, "train.py", "import torch\n\nprint(torch.ones(2).sum())\n")
     edited = with_another_rule(tmp_path / "edited")

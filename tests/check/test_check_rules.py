@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, write_script
+from helpers import REPO, write_script
 from mpslaunch.check import Target, check_script
 
 SCRIPTS = Path(__file__).parent / "scripts"

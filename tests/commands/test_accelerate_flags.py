@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 from mpslaunch import commands as cli
 
 
@@ -24,6 +24,7 @@ def test_every_accelerate_launch_option_is_taken_or_refused():
     assert [name for name in theirs if name not in ours] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (["--use_fsdp"], "Accelerator(fsdp_plugin="),
     (["--zero-stage", "2"], "Accelerator(deepspeed_plugin="),
@@ -41,6 +42,7 @@ def test_accelerate_options_mpslaunch_does_not_take_say_what_to_do(tmp_path, arg
     assert not (tmp_path / "train.py.ran").exists()
 
 
+@pytest.mark.slow
 def test_accelerate_options_reach_an_unmodified_accelerator(tmp_path):
     script = write_script(tmp_path, "acc.py", """
 import json, os, torch
@@ -56,6 +58,7 @@ print(json.dumps({"dynamo": accelerator.state.dynamo_plugin.backend.value, "debu
     assert "mpslaunch: warning: --monitor_interval has no effect with one process" in done.stderr
 
 
+@pytest.mark.slow
 def test_no_python_runs_an_executable_on_every_path(tmp_path):
     single = run_cli("launch", "--cpu", "-q", "--no_python", "/bin/sh", "-c", "echo device=$MPSLAUNCH_DEVICE")
     assert (single.returncode, single.stdout) == (0, "device=cpu\n"), single.stderr
@@ -65,6 +68,7 @@ def test_no_python_runs_an_executable_on_every_path(tmp_path):
     assert sorted(several.stdout.splitlines()) == ["[rank0] rank=0 of 2", "[rank1] rank=1 of 2"]
 
 
+@pytest.mark.slow
 def test_dry_run_says_what_each_option_became(tmp_path):
     script = write_script(tmp_path, "train.py", "")
     done = run_cli("launch", "--dry-run", "--cpu", "--num_processes", "2", "--monitor_interval", "5",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import one_line_error, run_cli, write_script
+from helpers import one_line_error, run_cli, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 @pytest.mark.parametrize("typed, meant", [

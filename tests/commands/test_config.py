@@ -22,7 +22,7 @@ from prompt_toolkit.output import DummyOutput
 
 from mpslaunch.commands import config as configure
 from mpslaunch.settings import profile_files
-from conftest import MACHINES, run_cli, wait_for
+from helpers import MACHINES, run_cli, wait_for
 from mpslaunch.machine import Machine, probe
 from mpslaunch.settings import Profile
 
@@ -148,6 +148,7 @@ def test_show_marks_the_keys_the_file_leaves_to_their_defaults(tmp_path):
 # ---------------------------------------------------------------- end to end through the CLI
 
 
+@pytest.mark.slow
 def test_cli_without_a_terminal_asks_for_default_and_does_not_hang(tmp_path):
     started = time.monotonic()
     done = run_cli("config", config_dir=tmp_path)
@@ -157,6 +158,7 @@ def test_cli_without_a_terminal_asks_for_default_and_does_not_hang(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
     done = run_cli("config", "--yes", "--profile", "fast", config_dir=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -170,12 +172,14 @@ def test_cli_default_writes_named_profiles_and_show_reads_them(tmp_path):
     assert profile_files.load(target) == default_here()
 
 
+@pytest.mark.slow
 def test_cli_says_how_to_use_a_named_profile(tmp_path):
     done = run_cli("config", "--default", "--profile", "trial", config_dir=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "use it with `mpslaunch launch --profile trial script.py`"
 
 
+@pytest.mark.slow
 def test_a_profile_written_off_a_mac_has_no_mps_keys_and_still_loads(tmp_path):
     done = run_cli("config", "--default", config_dir=tmp_path)  # this machine is no Mac
     assert done.returncode == 0, done.stderr
@@ -191,6 +195,7 @@ def test_a_profile_written_off_a_mac_has_no_mps_keys_and_still_loads(tmp_path):
     assert shown.returncode == 0 and "mps_fallback: false" in shown.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", [["--default"], ["default"]])
 def test_cli_default_takes_accelerate_style_choices(tmp_path, spelling):
     done = run_cli("config", *spelling, "--mixed_precision", "bf16", "--num-processes", "2",
@@ -201,12 +206,14 @@ def test_cli_default_takes_accelerate_style_choices(tmp_path, spelling):
     assert "on this machine: device cpu -> cpu: asked for by the profile; precision bf16; 2 processes" in done.stdout
 
 
+@pytest.mark.slow
 def test_cli_show_without_a_profile_shows_the_defaults(tmp_path):
     done = run_cli("config", "show", config_dir=tmp_path)
     assert done.returncode == 0
     assert done.stdout.startswith(f"# no profile at {tmp_path / 'default.yaml'}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (("config", "show", "--profile", "missing"), "no profile at"),
     (("config", "show", "--default"), "give one of them"),
@@ -275,6 +282,7 @@ def terminal(tmp_path):
         session.close()
 
 
+@pytest.mark.slow
 def test_questions_in_a_real_terminal(terminal, tmp_path):
     screen = terminal()
     screen.wait_for("Which device should training use?")
@@ -290,6 +298,7 @@ def test_questions_in_a_real_terminal(terminal, tmp_path):
     assert profile_files.load(tmp_path / "default.yaml") == Profile(device="cpu", mixed_precision="bf16", num_processes=1)
 
 
+@pytest.mark.slow
 def test_a_wrong_answer_shows_right_under_its_question_in_a_real_terminal(terminal):
     screen = terminal()
     screen.wait_for("Which device should training use?")
@@ -301,6 +310,7 @@ def test_a_wrong_answer_shows_right_under_its_question_in_a_real_terminal(termin
     assert "give a number from 1 to" in lines[asked + 1]
 
 
+@pytest.mark.slow
 def test_the_rendezvous_choices_say_what_they_mean_in_a_real_terminal(terminal):
     screen = terminal()
     screen.wait_for("Which device should training use?")
@@ -318,6 +328,7 @@ def test_the_rendezvous_choices_say_what_they_mean_in_a_real_terminal(terminal):
     assert "c10d: torch gives each machine its rank as it joins" in text
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_real_terminal_keeps_the_profile(terminal, tmp_path):
     path = tmp_path / "default.yaml"
     path.write_text(EXISTING)

@@ -13,12 +13,13 @@ import sys
 
 import pytest
 
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 from mpslaunch.machine import torch_check
 from mpslaunch.machine import probe
 from mpslaunch.plan.known_faults import warnings_for
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux"),
+              pytest.mark.slow]
 
 # Runs the CLI with the platform facts of a Mac; argv[1] is sysctl's answers as JSON.
 ON_A_MAC = """

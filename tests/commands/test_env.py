@@ -18,6 +18,7 @@ M2 = Machine(system="Darwin", arch="arm64", macos_version=(14, 5), chip="Apple M
              torch_version="2.14.1", cpu_count=8, python=sys.executable)
 
 
+@pytest.mark.slow
 def test_cli_prints_one_fenced_block_without_importing_torch(tmp_path):
     profile_files.save(Profile(mixed_precision="bf16"), tmp_path / "default.yaml")
     code = ("import sys; from mpslaunch.commands import main; code = main(sys.argv[1:]); "
@@ -65,11 +66,13 @@ def test_json(tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------- how the check can go wrong
 
 
+@pytest.mark.slow
 def test_a_check_that_hangs_is_reported_as_timed_out():
     facts = envreport.run_torch_check(sys.executable, timeout=0.5, code="import time; time.sleep(30)")
     assert envreport.mps_status(facts, 0.5).startswith("timed out")
 
 
+@pytest.mark.slow
 def test_a_check_that_crashes_is_reported_with_its_last_words():
     code = "import sys; sys.stderr.write('Metal device lost\\n'); sys.exit(3)"
     facts = envreport.run_torch_check(sys.executable, timeout=10, code=code)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import one_line_error, run_cli, write_script
+from helpers import one_line_error, run_cli, write_script
 from mpslaunch.settings import profile_files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, suggested", [
     (["train.py"], "`mpslaunch launch train.py`"),
     (["train.py", "--epochs", "3"], "`mpslaunch launch train.py --epochs 3`"),
@@ -25,6 +26,7 @@ def test_a_script_or_a_typo_in_place_of_the_command_suggests_the_command(tmp_pat
     assert "invalid choice" not in line
 
 
+@pytest.mark.slow
 def test_an_unknown_command_names_the_commands(tmp_path):
     line = one_line_error(run_cli("frobnicate", cwd=tmp_path))
     assert "unknown command 'frobnicate'" in line and "launch" in line and "config" in line, line
@@ -38,6 +40,7 @@ print("epochs", parser.parse_args().epochs)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_launch_options_after_the_script_get_a_note_when_the_script_refuses_them(tmp_path, processes):
     write_script(tmp_path, "train.py", ARGPARSE_SCRIPT)
@@ -50,6 +53,7 @@ def test_launch_options_after_the_script_get_a_note_when_the_script_refuses_them
     assert ran.returncode == 0 and "epochs 2" in ran.stdout and "note:" not in ran.stderr, ran.stderr
 
 
+@pytest.mark.slow
 def test_yaml_no_in_a_hand_written_profile_means_no(tmp_path):
     profile = tmp_path / "mine.yaml"
     profile.write_text("device: cpu\nmixed_precision: no\ndynamo_backend: off\n")
@@ -64,6 +68,7 @@ def test_yaml_no_in_a_hand_written_profile_means_no(tmp_path):
     assert "device must be str, not bool False" in line, line
 
 
+@pytest.mark.slow
 def test_an_import_over_an_existing_profile_keeps_the_old_one_beside_it(tmp_path):
     accelerate = tmp_path / "accelerate.yaml"
     accelerate.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\n"
@@ -81,6 +86,7 @@ def test_an_import_over_an_existing_profile_keeps_the_old_one_beside_it(tmp_path
     assert again.returncode == 0 and (config / "default.yaml.bak").read_text() == mine, again.stdout
 
 
+@pytest.mark.slow
 def test_check_counts_num_processes_as_launch_does(tmp_path, monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # machine 1 of 2, as this machine can describe it
     write_script(tmp_path, "train.py", "import torch\nprint(torch.ones(1))\n")
@@ -102,7 +108,7 @@ def test_messages_spell_options_as_help_shows_them():
     import ast
     import re
 
-    from conftest import REPO
+    from helpers import REPO
     from mpslaunch.settings import OPTIONS
 
     ours = {option.spelling for option in OPTIONS if option.spelling} | {"--from_accelerate"}
@@ -119,6 +125,7 @@ def test_messages_spell_options_as_help_shows_them():
     assert set(found) <= {("child.py", "--monitor-interval"), ("flags.py", "--num-processes")}, found
 
 
+@pytest.mark.slow
 def test_a_profile_for_a_mac_can_be_written_from_linux_under_its_own_name(tmp_path):
     mac = tmp_path / "mac.yaml"
     written = run_cli("config", "--default", "--device", "mps", "--mixed_precision", "bf16",
@@ -133,6 +140,7 @@ def test_a_profile_for_a_mac_can_be_written_from_linux_under_its_own_name(tmp_pa
     assert not (tmp_path / "config" / "default.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_mistyped_profile_name_suggests_the_profile_that_exists(tmp_path):
     config = tmp_path / "config"
     config.mkdir()
@@ -149,6 +157,7 @@ def test_a_mistyped_profile_name_suggests_the_profile_that_exists(tmp_path):
     assert line.endswith("make one with `mpslaunch config --config_file ask.yml`"), line
 
 
+@pytest.mark.slow
 def test_a_hand_written_profile_with_two_misspelled_keys_names_both_in_one_line(tmp_path):
     profile = tmp_path / "mine.yaml"
     profile.write_text("devise: cpu\nmixed_precison: bf16\nnum_processes: 1\n")
@@ -158,6 +167,7 @@ def test_a_hand_written_profile_with_two_misspelled_keys_names_both_in_one_line(
             "'mixed_precison' (did you mean 'mixed_precision'?)") in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("written, said", [
     ("main_process_port: 8:20", "main_process_port is written 8:20, which YAML reads as the "
      "base-60 number 500; write the number itself"),
@@ -173,6 +183,7 @@ def test_a_number_yaml_reads_otherwise_or_far_too_large_is_refused_in_one_line(t
         assert said in one_line_error(result) and result.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_mac_profile_written_on_linux_has_the_mac_keys_and_checks_a_script_for_a_mac(tmp_path):
     """`check` reads a script for the plan the profile names; it needs no machine of that kind."""
     mac = tmp_path / "mac.yaml"

@@ -12,7 +12,7 @@ from prompt_toolkit.application import create_app_session
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import MACHINES, basic_config, cluster_config, run_cli, write_script
+from helpers import MACHINES, basic_config, cluster_config, run_cli, write_script
 from mpslaunch import commands as cli, machine as machine_probe
 from mpslaunch.settings import profile_files
 from mpslaunch.commands import config as configure
@@ -25,6 +25,7 @@ print(json.dumps({k: os.environ[k] for k in os.environ if k.startswith(("MPSLAUN
 """
 
 
+@pytest.mark.slow
 def test_launch_reads_an_accelerate_file_and_says_so(tmp_path, monkeypatch):
     path = basic_config(tmp_path, "bf16", monkeypatch)
     script = write_script(tmp_path, "report.py", REPORT)
@@ -36,6 +37,7 @@ def test_launch_reads_an_accelerate_file_and_says_so(tmp_path, monkeypatch):
     assert notes == [f"mpslaunch: note: {path} was read as an Accelerate config file"]
 
 
+@pytest.mark.slow
 def test_launch_refuses_what_cannot_map_in_one_line(tmp_path):
     path = cluster_config(tmp_path / "ds.yaml", "DEEPSPEED", deepspeed_config={"zero_stage": 3})
     script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
@@ -57,6 +59,7 @@ def test_launch_on_a_mac_explains_the_unasked_use_cpu(tmp_path, monkeypatch, cap
     assert "device:          mps" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_config_from_accelerate_writes_and_shows_the_profile(tmp_path):
     path = cluster_config(tmp_path / "acc.json", "MULTI_CPU", as_json=True, num_processes=4,
                           mixed_precision="bf16")
@@ -69,6 +72,7 @@ def test_config_from_accelerate_writes_and_shows_the_profile(tmp_path):
     assert "num_processes: 4" in done.stdout and "precision bf16; 4 processes" in done.stdout
 
 
+@pytest.mark.slow
 def test_accelerates_default_config_is_named_and_imported(tmp_path):
     env = {"MPSLAUNCH_CONFIG_DIR": str(tmp_path / "mine"), "HF_HOME": str(tmp_path / "hf")}
     (tmp_path / "hf" / "accelerate").mkdir(parents=True)

@@ -32,6 +32,7 @@ sys.exit(command_line())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["import", "plan"])
 def test_ctrl_c_before_the_script_starts_is_one_line_and_130(where: str, tmp_path: Path) -> None:
     ran = tmp_path / "ran"

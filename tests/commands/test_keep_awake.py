@@ -18,10 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 from test_described_mac import BUILD, ON_A_MAC
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="describes a Mac on Linux")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="describes a Mac on Linux"),
+              pytest.mark.slow]
 
 FAKE_CAFFEINATE = """#!{python}
 import json, os, signal, sys, time

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import file_line, one_line_error, run_cli, wait_for, write_script
+from helpers import file_line, one_line_error, run_cli, wait_for, write_script
 from mpslaunch.settings import profile_files
 from mpslaunch.settings import Profile
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 REPORT_ENV = """
 import json, os, sys

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES, run_cli, write_script
+from helpers import MACHINES, run_cli, write_script
 from mpslaunch.settings import LaunchRequest
 from mpslaunch.plan import resolve
 from mpslaunch.settings import Profile
@@ -30,6 +30,7 @@ NAMED = ("removed from the script's environment (another launcher's; this plan i
          "MASTER_ADDR=127.0.0.1, MASTER_PORT=29999, RANK=2, WORLD_SIZE=3")
 
 
+@pytest.mark.slow
 def test_an_accelerate_script_runs_as_the_one_process_planned(tmp_path):
     script = write_script(tmp_path, "acc_probe.py", ACCELERATE_PROBE)
     result = run_cli("launch", "--cpu", str(script), env=LEFT_BY_TORCHRUN, timeout=120)
@@ -38,6 +39,7 @@ def test_an_accelerate_script_runs_as_the_one_process_planned(tmp_path):
     assert result.stderr.strip().splitlines()[0].endswith("; " + NAMED)
 
 
+@pytest.mark.slow
 def test_dry_run_names_what_is_removed(tmp_path):
     script = write_script(tmp_path, "acc_probe.py", ACCELERATE_PROBE)
     result = run_cli("launch", "--cpu", "--dry-run", str(script),

@@ -13,10 +13,11 @@ import sys
 import psutil
 import pytest
 
-from conftest import wait_for, write_script
+from helpers import wait_for, write_script
 from test_described_mac import BUILD, ON_A_MAC
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="describes a Mac on Linux")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="describes a Mac on Linux"),
+              pytest.mark.slow]
 
 END = re.compile(r"^mpslaunch: ended after (\d+\.\d) s, exit code 0(.*)$")
 
@@ -80,7 +81,7 @@ def run_on_a_mac_with(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(not shutil.which("cc"), reason="builds the stand-in libproc with cc")
 def test_the_end_line_reports_the_peak_footprint_libproc_gives(tmp_path):
-    from conftest import FOOTPRINT, build_standin_libproc
+    from helpers import FOOTPRINT, build_standin_libproc
 
     env = {**os.environ, "STANDIN_LIBPROC": build_standin_libproc(tmp_path),
            "STANDIN_FOOTPRINT": str(FOOTPRINT)}

@@ -3,7 +3,11 @@ an Accelerate config file), and --dry_run says where each value that matters cam
 
 from __future__ import annotations
 
-from conftest import one_line_error, run_cli, write_script
+import pytest
+
+from helpers import one_line_error, run_cli, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def test_a_refused_value_is_named_with_where_it_came_from(tmp_path):

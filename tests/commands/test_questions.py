@@ -15,7 +15,7 @@ from prompt_toolkit.application import create_app_session
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import MACHINES
+from helpers import MACHINES
 from mpslaunch.settings import profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine
@@ -225,6 +225,7 @@ def test_ctrl_c_and_end_of_input_stop_the_questions():
         answer(M2_SONOMA, ENTER, close=True)
 
 
+@pytest.mark.slow
 def test_importing_the_module_does_not_import_questionary():
     code = ("import sys, mpslaunch.commands.config.questions, mpslaunch.commands.config; "
             "print(sorted(m for m in ('questionary', 'prompt_toolkit', 'torch') if m in sys.modules))")

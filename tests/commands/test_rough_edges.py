@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_line_error, run_cli, wait_for, write_script
+from helpers import one_line_error, run_cli, wait_for, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def unprivileged() -> list[str]:

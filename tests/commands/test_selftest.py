@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINES, run_cli
+from helpers import MACHINES, run_cli
 from mpslaunch.commands import test as selftest
 from mpslaunch.output import MpslaunchError
 from mpslaunch.commands.test import CHECK_SCRIPT, Outcome, collect, format_outcomes
@@ -27,6 +27,7 @@ def check_names(done: subprocess.CompletedProcess) -> list[tuple[str, str]]:
 
 # ---- through the real launch path -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_one_cpu_process_passes():
     done = run_cli("test", "--cpu")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -37,6 +38,7 @@ def test_one_cpu_process_passes():
     assert done.stdout.splitlines()[-1] == "mpslaunch test: all 4 checks passed"
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_from_a_profile_pass_with_an_all_reduce(tmp_path):
     profile = tmp_path / "two.yaml"
     profile.write_text("version: 1\ndevice: cpu\nmixed_precision: bf16\nnum_processes: 2\n")
@@ -50,6 +52,7 @@ def test_two_cpu_processes_from_a_profile_pass_with_an_all_reduce(tmp_path):
     assert "(all 2 ranks)" in text
 
 
+@pytest.mark.slow
 def test_a_check_that_fails_says_what_to_change_and_exits_1():
     # A variable of the user's own that makes Accelerate ignore the plan.
     done = run_cli("test", "--cpu", env={"ACCELERATE_TORCH_DEVICE": "meta"})
@@ -60,6 +63,7 @@ def test_a_check_that_fails_says_what_to_change_and_exits_1():
     assert done.stdout.splitlines()[-1] == "mpslaunch test: 3 of 4 checks passed"
 
 
+@pytest.mark.slow
 def test_json_gives_the_plan_and_every_check_with_its_fix():
     done = run_cli("test", "--cpu", "--json", env={"ACCELERATE_TORCH_DEVICE": "meta"})
     assert done.returncode == 1, done.stdout + done.stderr
@@ -99,6 +103,7 @@ if os.path.basename(sys.argv[0]) == "selfcheck.py":
 """
 
 
+@pytest.mark.slow
 def test_a_perturbed_step_fails_the_numbers_and_names_the_first_tensor(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(PERTURBED_STEP)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
@@ -117,6 +122,7 @@ def test_a_perturbed_step_fails_the_numbers_and_names_the_first_tensor(tmp_path)
     assert numbers["figures"]["0"]["mismatch_error"] == pytest.approx(0.1, rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["--cpu", "--mixed_precision", "fp16"], "fp16 mixed precision does not run on cpu"),
     (["--device", "mps"], "asks for mps, but mps needs a Mac"),
@@ -177,6 +183,7 @@ def run_check_script(tmp_path: Path, *expect: str, env: dict | None = None) -> t
     return done.returncode, {c["name"]: c for c in report["checks"]}
 
 
+@pytest.mark.slow
 def test_check_script_notices_a_missing_plan_and_a_wrong_world_size(tmp_path):
     code, checks = run_check_script(
         tmp_path, "--expect-device", "cpu", "--expect-precision", "no",
@@ -190,6 +197,7 @@ def test_check_script_notices_a_missing_plan_and_a_wrong_world_size(tmp_path):
     assert all(c["fix"] for c in checks.values() if not c["ok"])
 
 
+@pytest.mark.slow
 def test_check_script_watchdog_reports_a_hang(tmp_path):
     code, checks = run_check_script(
         tmp_path, "--expect-device", "cpu", "--expect-precision", "no",

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SLURM_JOB, one_line_error, run_cli, slurm_step_of, write_script
+from helpers import SLURM_JOB, one_line_error, run_cli, slurm_step_of, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 # This host's name stands for 127.0.0.1 only (as on the test machines), which the plan refuses
 # for several machines unless gloo is told its interface; the local SLURM's nodes share it.

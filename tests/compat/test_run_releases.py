@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_releases  # noqa: E402
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the script runs on Linux only")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="the script runs on Linux only"),
+              pytest.mark.slow]
 
 # Started as nohup and a non-interactive shell's `&` leave it: SIGHUP, SIGINT, SIGQUIT ignored.
 AS_A_BACKGROUND_JOB = """

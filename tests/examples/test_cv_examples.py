@@ -35,11 +35,13 @@ from safetensors.torch import load_file
 import torchvision
 from torchvision.io import encode_png
 
-from conftest import small_disk as mounted_small_disk
-from conftest import two_gloo_ranks_ended_well
+from helpers import small_disk as mounted_small_disk
+from helpers import two_gloo_ranks_ended_well
 
-# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work.
-pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")]
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work. Every
+# test trains an example, most through the CLI: slow, all of them.
+pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
+              pytest.mark.slow]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ["--model", "squeezenet1_1", "--image_size", "24", "--batch_size", "4", "--cpu"]

@@ -11,10 +11,11 @@ import threading
 import pytest
 
 import mpslaunch
-from conftest import REPO, one_line_error, own_lines, run_cli, write_script
+from helpers import REPO, one_line_error, own_lines, run_cli, write_script
 from mpslaunch.output import MpslaunchError
 
 
+@pytest.mark.slow
 def test_import_mpslaunch_stays_cheap():
     code = ("import sys, mpslaunch; print('torch' in sys.modules, 'mpslaunch.launcher.api' in sys.modules); "
             "mpslaunch.launch; print('torch' in sys.modules, 'mpslaunch.launcher.api' in sys.modules)")
@@ -22,6 +23,7 @@ def test_import_mpslaunch_stays_cheap():
     assert done.stdout.split("\n")[:2] == ["False False", "False True"]
 
 
+@pytest.mark.slow
 def test_a_script_runs_as_the_cli_runs_it(tmp_path, capfd):
     script = write_script(tmp_path, "report.py", """
 import json, os, sys
@@ -132,6 +134,7 @@ print("RESULT", json.dumps(box[0]))
 """
 
 
+@pytest.mark.slow
 def test_a_notebook_function_in_one_process_then_several_then_from_a_thread():
     done = subprocess.run([sys.executable, "-c", NOTEBOOK], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -143,6 +146,7 @@ def test_a_notebook_function_in_one_process_then_several_then_from_a_thread():
     assert from_thread == {"0": [0, 2, "cpu", "no", "thread"], "1": [1, 2, "cpu", "no", "thread"]}
 
 
+@pytest.mark.slow
 def test_the_cli_from_a_thread_runs_one_process_and_refuses_several_in_one_line(tmp_path):
     script = write_script(tmp_path, "hello.py", "print('ran')")
     code = f"""
@@ -160,6 +164,7 @@ print(codes)
     assert done.stderr.count("\n") == 1 and "started from the main thread only" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_notebook_example_runs_as_a_script():
     example = REPO / "examples" / "notebook_launch.py"
     done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
@@ -168,6 +173,7 @@ def test_the_notebook_example_runs_as_a_script():
     assert one.startswith("(0, ") and several.startswith("{0: (0, 'cpu', ") and ", 1: (1, 'cpu', " in several
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option, value, word", [
     ("grace_period", -5, "-5"),
     ("num_processes", 0, "0"),
@@ -233,6 +239,7 @@ def test_two_threads_each_get_their_own_plan_and_leave_the_environment_as_it_was
     assert dict(os.environ) == before
 
 
+@pytest.mark.slow
 def test_several_processes_leave_the_callers_environment_as_it_was():
     before = dict(os.environ)
     assert mpslaunch.launch(seen_by_the_function, "MPSLAUNCH_DEVICE", 1, cpu=True,
@@ -256,6 +263,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_failing_function_is_named_by_its_own_name(tmp_path):
     write_script(tmp_path, "failing.py", FAILING_FUNCTION)
     done = subprocess.run([sys.executable, "failing.py"], capture_output=True, text=True,
@@ -307,6 +315,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 def test_several_processes_leave_the_callers_signal_handlers_as_they_were(tmp_path):
     """After success, after a failure, and after a Ctrl-C during the run (which reaches the caller
     as its own handler has it: KeyboardInterrupt), the caller's handlers are back as they were

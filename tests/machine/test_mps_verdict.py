@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import MACHINES, MPS_WORKS
+from helpers import MACHINES, MPS_WORKS
 from mpslaunch.machine import torch_check
 from mpslaunch.output import MpslaunchError
 from mpslaunch.machine.facts import (_macos_version, mps_cache_key, parse_sysctl, verify_mps,
@@ -125,6 +125,7 @@ def described_mac(**changes):
     return MACHINES["m2_macos26.3"]._replace(**{"python": sys.executable, "os_build": "25D125", **changes})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="needs a torch without mps, as on Linux")
 def test_the_real_check_is_kept_per_python_torch_and_macos_build():
     mac = described_mac()
@@ -137,6 +138,7 @@ def test_the_real_check_is_kept_per_python_torch_and_macos_build():
         assert torch_check.read_cached(mps_cache_key(other)) is None  # asked again
 
 
+@pytest.mark.slow
 def test_a_check_that_gives_no_verdict_in_time_keeps_nothing(isolated_cache_dir):
     mac = described_mac()
     assert verify_mps(mac, timeout=0.01) == mac

@@ -39,6 +39,7 @@ def test_the_power_source_from_pmsets_answer(text, expected):
     assert power.power_source_is_battery(text) is expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer, code, expected", [
     (ON_BATTERY, 0, True), (ON_AC, 0, False), (ON_BATTERY, 1, None)])
 def test_on_battery_asks_pmset(tmp_path, monkeypatch, answer, code, expected):
@@ -46,6 +47,7 @@ def test_on_battery_asks_pmset(tmp_path, monkeypatch, answer, code, expected):
     assert power.on_battery() is expected
 
 
+@pytest.mark.slow
 def test_no_pmset_or_one_that_hangs_gives_no_answer(tmp_path, monkeypatch):
     monkeypatch.setattr(power, "PMSET", str(tmp_path / "no-such-pmset"))
     assert power.on_battery() is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SLURM_JOB as JOB, slurm_task as task
+from helpers import SLURM_JOB as JOB, slurm_task as task
 from mpslaunch.machine import (SlurmVariableError, in_slurm_step, kill_wait_from_config,
                                slurm_allocation, slurm_step)
 

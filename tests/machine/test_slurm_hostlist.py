@@ -185,12 +185,14 @@ SLOW_ORACLE = settings(max_examples=150, deadline=None,
                        suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.parametrize("text", SCONTROL_READS)
 def test_the_examples_are_what_scontrol_prints(scontrol_hostnames, text):
     assert scontrol_hostnames(text) == SCONTROL_READS[text]
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @SLOW_ORACLE
 @given(bracketed())
@@ -199,6 +201,7 @@ def test_generated_lists_expand_as_scontrol_expands_them(scontrol_hostnames, cas
     assert expand_hostlist(text) == scontrol_hostnames(text)
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @SLOW_ORACLE
 @given(st.text(alphabet="n01[]-,", min_size=1, max_size=16).filter(lambda text: not text.startswith("-")))

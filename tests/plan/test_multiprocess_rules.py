@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES, write_script
+from helpers import MACHINES, write_script
 from mpslaunch import commands as cli, machine as machine_probe
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import resolve

@@ -5,7 +5,7 @@ what may pause a run on a Mac (no caffeinate on PATH, a laptop on its battery)."
 from __future__ import annotations
 
 
-from conftest import MACHINES
+from helpers import MACHINES
 from mpslaunch.plan import resolve
 from mpslaunch.settings import LaunchRequest, Profile
 

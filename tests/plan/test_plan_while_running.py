@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES
+from helpers import MACHINES
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import LaunchRequest
 from mpslaunch.plan import resolve

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES, SLURM_JOB, refusal_of, slurm_step_of, slurm_task
+from helpers import MACHINES, SLURM_JOB, refusal_of, slurm_step_of, slurm_task
 from mpslaunch.plan import (NO_CLUSTER, decide_settings, derived_port, for_target, settle,
                             slurm_cluster, with_slurm_config)
 from mpslaunch.settings import (CLUSTER, DEFAULT, LaunchRequest, Profile, merge, options_layer,

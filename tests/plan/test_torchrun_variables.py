@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES, one_line_error, refusal_of, run_cli, write_script
+from helpers import MACHINES, one_line_error, refusal_of, run_cli, write_script
 from mpslaunch.plan import decide_settings, settle, torchrun_layer
 from mpslaunch.settings import CLUSTER, LaunchOptions, options_layer
 
@@ -41,6 +41,7 @@ def test_a_variable_that_cannot_be_read_is_refused_with_the_way_out(change, refu
     assert message.startswith(refusal) and message.endswith("unset the PET_ variables to ignore them")
 
 
+@pytest.mark.slow
 def test_a_flag_that_contradicts_a_pods_variable_is_refused_in_one_line(tmp_path):
     script = write_script(tmp_path, "train.py", "print('trained')\n")
     line = one_line_error(run_cli("launch", "--cpu", "--machine_rank", "0", str(script), env=POD))

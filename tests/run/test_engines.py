@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINES
+from helpers import MACHINES
 from mpslaunch import plan, run
 from mpslaunch.plan import resolve
 from mpslaunch.plan.decision import SINGLE, TORCHRUN

@@ -29,8 +29,8 @@ import psutil
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import conftest
-from conftest import Lines, file_line, refusal_of, run_cli, wait_for, write_script
+import helpers
+from helpers import Lines, file_line, refusal_of, run_cli, wait_for, write_script
 from mpslaunch.settings import profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import Profile
@@ -94,7 +94,7 @@ def start_launcher(marker: str, *args: str, cwd: Path | None = None) -> subproce
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
-    return conftest.one_line_error(result, longest=LONGEST_MESSAGE)
+    return helpers.one_line_error(result, longest=LONGEST_MESSAGE)
 
 
 @pytest.fixture
@@ -144,6 +144,7 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.
 # ---------------------------------------------------------------- signals, through the CLI
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["handled", "default"])
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_signal_to_the_launcher_ends_the_whole_run(tmp_path, marker, signum, mode):
@@ -169,6 +170,7 @@ def test_signal_to_the_launcher_ends_the_whole_run(tmp_path, marker, signum, mod
     assert survivors(marker) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grace, signals", [
     (0.0, [signal.SIGTERM]),
     (2.0, [signal.SIGTERM]),
@@ -194,6 +196,7 @@ def test_child_and_helper_ignoring_signals_are_killed_after_the_grace_period(tmp
     assert survivors(marker) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first, then, killed", [
     (signal.SIGINT, signal.SIGINT, "when SIGINT came again"),  # Ctrl-C twice
     (signal.SIGTERM, signal.SIGHUP, "when SIGHUP came after SIGTERM"),  # two different stops
@@ -241,6 +244,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM, signal.SIGTERM]],
                          ids=["ctrl-c", "timeout-TERM-TERM"])
 def test_a_script_that_saves_on_a_stop_gets_its_grace_period(tmp_path, marker, signals):
@@ -257,6 +261,7 @@ def test_a_script_that_saves_on_a_stop_gets_its_grace_period(tmp_path, marker, s
     assert survivors(marker) == []
 
 
+@pytest.mark.slow
 def test_a_signal_arriving_while_the_child_starts_is_held_then_forwarded(tmp_path):
     """SIGTERM lands after the handlers are installed but before the child exists."""
     script = write_script(tmp_path, "sleep.py", "import time; time.sleep(60)")
@@ -265,6 +270,7 @@ def test_a_signal_arriving_while_the_child_starts_is_held_then_forwarded(tmp_pat
     assert report["children_after"] == []
 
 
+@pytest.mark.slow
 def test_launcher_killed_with_sigkill_takes_the_script_with_it(tmp_path, marker):
     """Linux: the child asked for a parent-death signal, so even a SIGKILLed launcher stops it.
     (Helpers the script started are not covered: nothing is left to kill them; see
@@ -281,6 +287,7 @@ time.sleep(120)
     assert wait_for(lambda: not _alive(child_pid), 10)
 
 
+@pytest.mark.slow
 def test_helpers_in_sessions_of_their_own_are_killed_after_a_normal_exit(tmp_path, marker):
     """`start_new_session=True` and `setsid` take a helper out of the script's process group, so
     the group kill misses it; the launcher finds it by the run's marker in its environment."""
@@ -317,6 +324,7 @@ CRASHES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(CRASHES))
 def test_a_crashing_script_looks_the_same_with_and_without_the_launcher(tmp_path, kind):
     """Exit code and stderr through `mpslaunch launch -q` equal running the script with python
@@ -389,6 +397,7 @@ def in_process(tmp_path: Path, argv: list[str], marker: str | None = None, send:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_200_launches_in_one_process_leave_nothing_behind(tmp_path):
     script = write_script(tmp_path, "noop.py", "pass")
     report = in_process(tmp_path, ["launch", "--cpu", "-q", str(script)], warm_up=1, repeat=200)
@@ -400,6 +409,7 @@ def test_200_launches_in_one_process_leave_nothing_behind(tmp_path):
     assert list((tmp_path / "tmpdir").iterdir()) == []  # no temp file
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1],
                          ids=lambda s: signal.Signals(s).name)
 def test_after_a_signal_the_launcher_process_is_as_it_was(tmp_path, marker, signum):
@@ -476,6 +486,7 @@ def kill_writer_repeatedly(folder: Path, how: str, kills: int) -> list[str]:
     return outcomes
 
 
+@pytest.mark.slow
 def test_profile_writer_killed_mid_write_never_loses_the_profile(tmp_path, monkeypatch):
     """SIGKILL cannot be cleaned up after, so `.default.yaml.*.tmp` files may stay behind.
     Accepted, because they are hidden, named after the profile, and never read: loading still
@@ -493,6 +504,7 @@ def test_profile_writer_killed_mid_write_never_loses_the_profile(tmp_path, monke
     assert profile_files.read_active() == profile_files.ProfileFile(Profile(mixed_precision="bf16"), path)
 
 
+@pytest.mark.slow
 def test_the_kill_harness_catches_a_non_atomic_writer(tmp_path):
     """Control: the same kills against a writer that writes in place do corrupt the profile,
     so the test above would fail if save() stopped being atomic."""
@@ -517,6 +529,7 @@ except OSError as error:
 """
 
 
+@pytest.mark.slow
 def test_profile_save_past_the_file_size_limit_keeps_the_old_profile(tmp_path):
     """The kernel refuses the write (RLIMIT_FSIZE: a real failing write(), like a full disk)."""
     path = tmp_path / "default.yaml"
@@ -529,6 +542,7 @@ def test_profile_save_past_the_file_size_limit_keeps_the_old_profile(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["default.yaml"]  # the temp file was removed
 
 
+@pytest.mark.slow
 def test_config_default_on_a_full_disk_is_one_line_and_keeps_the_profile(tmp_path):
     path = tmp_path / "mine.yaml"
     profile_files.save(Profile(device="cpu", mixed_precision="bf16"), path)
@@ -615,6 +629,7 @@ def test_a_tag_on_the_whole_document_constructs_nothing(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom", "fifo", "/dev/null"])
 def test_a_profile_that_is_not_a_regular_file_is_refused(tmp_path, target):
     """--config_file /dev/zero must not read forever; a FIFO must not block."""
@@ -631,12 +646,14 @@ def test_a_profile_that_is_not_a_regular_file_is_refused(tmp_path, target):
     assert target in one_line_error(result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e300"])
 def test_grace_period_must_be_a_usable_number_of_seconds(tmp_path, value):
     script = write_script(tmp_path, "ok.py", "raise SystemExit('must not run')")
     assert "--grace_period" in one_line_error(run_cli("launch", "--cpu", "--grace_period", value, str(script)))
 
 
+@pytest.mark.slow
 def test_script_arguments_are_never_evaluated(tmp_path):
     marker = tmp_path / "pwned"
     script = write_script(tmp_path, "args.py", "import json, sys; print(json.dumps(sys.argv[1:]))")
@@ -688,6 +705,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes, what", [("1", "the script"), ("2", "the ranks")])
 def test_ctrl_c_as_the_run_is_set_up_stops_it_before_it_starts(tmp_path, processes, what):
     """Right after the plan line, before the run's own handlers: the stop is held for the run,

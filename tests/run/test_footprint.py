@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import FOOTPRINT, build_standin_libproc
+from helpers import FOOTPRINT, build_standin_libproc
 from mpslaunch.run.footprint import RUSAGE_INFO_V4, FootprintReader, RusageInfoV4
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or not shutil.which("cc"),
@@ -35,6 +35,7 @@ def test_the_struct_is_apples_layout():
     assert RUSAGE_INFO_V4 == 4
 
 
+@pytest.mark.slow
 def test_the_figure_is_the_lifetime_maximum_footprint(libproc):
     reader = FootprintReader(libproc)
     assert reader.available
@@ -43,17 +44,20 @@ def test_the_figure_is_the_lifetime_maximum_footprint(libproc):
     assert FOOTPRINT not in {(i + 1) << 20 for i in range(35)}
 
 
+@pytest.mark.slow
 def test_a_process_that_is_gone_has_no_figure(libproc):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert FootprintReader(libproc).peak(child.pid) is None
 
 
+@pytest.mark.slow
 def test_a_zero_footprint_is_no_figure(libproc, monkeypatch):
     monkeypatch.setenv("STANDIN_FOOTPRINT", "0")
     assert FootprintReader(libproc).peak(os.getpid()) is None
 
 
+@pytest.mark.slow
 def test_no_libproc_means_no_reader(tmp_path):
     for missing in ("", str(tmp_path / "absent.dylib")):
         reader = FootprintReader(missing)

@@ -19,10 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import file_line, wait_for, write_script
+from helpers import file_line, wait_for, write_script
 from test_faults import kill_run, run_env, survivors
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals"),
+              pytest.mark.slow]
 
 # Each process (RANK 0 alone on the one-process path) says it is ready, waits for <folder>/go,
 # then says it finished.

@@ -7,7 +7,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from conftest import run_cli, write_script
+import pytest
+
+from helpers import run_cli, write_script
 from mpslaunch.run import logdir
 
 FAILS = "import os, sys\nprint('rank', os.environ['RANK'], 'fails')\nsys.exit(3)\n"
@@ -36,6 +38,7 @@ def test_only_the_newest_failed_runs_folders_are_kept_and_never_a_running_one(tm
     assert kept == {running, Path(newest), *old[3:]}
 
 
+@pytest.mark.slow
 def test_a_failed_run_keeps_its_folder_in_tmpdir_and_a_run_that_ends_well_leaves_none(tmp_path):
     temporary = tmp_path / "tmp"
     temporary.mkdir()

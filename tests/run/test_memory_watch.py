@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_script
+from helpers import write_script
 from mpslaunch.run import memory_watch
 from mpslaunch.run.memory_watch import (MACOS_CRITICAL, MACOS_WARNING, MemoryWatch, PressureJudge,
                                         Reading, hard_swapping)
@@ -277,6 +277,7 @@ def in_group(group: Path) -> list[str]:
     return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
 
 
+@pytest.mark.slow
 def test_a_run_past_its_memory_limit_gets_one_warning(tmp_path, limited):
     """The launcher and its child in a memory cgroup (a container's limit): what is left under
     the limit is short, and the child waits for memory."""
@@ -307,6 +308,7 @@ def test_a_run_past_its_memory_limit_gets_one_warning(tmp_path, limited):
     assert rest.strip().splitlines()[-1].startswith("mpslaunch: ended after ")
 
 
+@pytest.mark.slow
 def test_quiet_runs_no_watch(tmp_path, limited):
     script = write_script(tmp_path, "thrash.py", THRASH)
     (tmp_path / "stop").write_text("")  # one pass, then stop
@@ -325,6 +327,7 @@ print("calm")
 """
 
 
+@pytest.mark.slow
 def test_a_neighbour_past_its_memory_limit_gives_this_run_no_warning(tmp_path, limited):
     """Another group thrashes against its own limit (the machine's waits for memory rise) while
     this run, with the machine's memory to spare, trains calmly: nothing is said."""

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import file_line, read_only_disk, small_disk as mounted_small_disk, write_script
+from helpers import file_line, read_only_disk, small_disk as mounted_small_disk, write_script
 from mpslaunch.run.torchrun.console import MAX_HELD
 from test_faults import marker, one_line_error, run_env  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals"),
+              pytest.mark.slow]
 
 MPSLAUNCH = [sys.executable, "-m", "mpslaunch"]
 TWO_CPU_RANKS = ["--cpu", "--num_processes", "2"]

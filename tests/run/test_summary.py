@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_cli, write_script
+from helpers import REPO, run_cli, write_script
 from mpslaunch.run import summary
 from mpslaunch.run.summary import PeakTracker, end_line, native_crash
 
@@ -106,6 +106,7 @@ sys.exit(int(sys.argv[2]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [0, 3])
 def test_one_process_ends_with_its_time_code_and_peak(tmp_path, code):
     script = write_script(tmp_path, "alloc.py", ALLOCATE)
@@ -117,6 +118,7 @@ def test_one_process_ends_with_its_time_code_and_peak(tmp_path, code):
     assert peak and 300 <= int(peak.group(1)) < 600, last_line(result)
 
 
+@pytest.mark.slow
 def test_the_peak_is_the_scripts_even_when_the_launcher_comes_from_a_big_process(tmp_path):
     """A process forked from a large one keeps that size as its own rusage peak: a launcher
     started from a big notebook or test runner must still report its script's peak."""
@@ -132,6 +134,7 @@ def test_the_peak_is_the_scripts_even_when_the_launcher_comes_from_a_big_process
     assert peak and 300 <= int(peak.group(1)) < 600, last_line(result)
 
 
+@pytest.mark.slow
 def test_the_line_says_where_log_dir_wrote(tmp_path):
     script = write_script(tmp_path, "alloc.py", ALLOCATE)
     result = launch("--cpu", "--log_dir", str(tmp_path / "logs"), str(script), "1", "0")
@@ -140,6 +143,7 @@ def test_the_line_says_where_log_dir_wrote(tmp_path):
     assert (folder / "stderr.log").read_text() == ""  # the launcher's lines are not the script's
 
 
+@pytest.mark.slow
 def test_quiet_prints_nothing_of_its_own(tmp_path):
     script = write_script(tmp_path, "alloc.py", ALLOCATE)
     result = launch("--cpu", "-q", str(script), "1", "5")
@@ -152,6 +156,7 @@ CRASHES = {"segfault": ("import ctypes; ctypes.string_at(0)", signal.SIGSEGV),
            "abort": ("import os; os.abort()", signal.SIGABRT)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(CRASHES))
 def test_a_native_crash_shows_the_python_stack_and_the_signal(tmp_path, kind):
     body, signum = CRASHES[kind]
@@ -166,6 +171,7 @@ def test_a_native_crash_shows_the_python_stack_and_the_signal(tmp_path, kind):
         "from the fault handler (PYTHONFAULTHANDLER)")
 
 
+@pytest.mark.slow
 def test_a_user_who_turned_the_fault_handler_off_gets_no_stack_and_no_claim(tmp_path):
     script = write_script(tmp_path, "crash.py", CRASHES["segfault"][0])
     result = launch("--cpu", str(script), env={"PYTHONFAULTHANDLER": ""})
@@ -173,12 +179,14 @@ def test_a_user_who_turned_the_fault_handler_off_gets_no_stack_and_no_claim(tmp_
     assert last_line(result).endswith("; the script was killed by SIGSEGV: a crash in native code")
 
 
+@pytest.mark.slow
 def test_an_exit_code_like_a_signal_is_not_called_a_crash(tmp_path):
     script = write_script(tmp_path, "exit.py", "import sys; sys.exit(139)")
     result = launch("--cpu", str(script))
     assert result.returncode == 139 and "killed by" not in result.stderr
 
 
+@pytest.mark.slow
 def test_the_dry_run_shows_the_fault_handler(tmp_path):
     script = write_script(tmp_path, "train.py", "")
     assert "  PYTHONFAULTHANDLER=1\n" in run_cli("launch", "--dry-run", "--cpu", str(script)).stdout
@@ -202,6 +210,7 @@ if sys.argv[1] == str(rank):
 """
 
 
+@pytest.mark.slow
 def test_two_processes_end_with_the_largest_rank_and_the_sum(tmp_path):
     script = write_script(tmp_path, "ranks.py", RANKS)
     result = launch("--cpu", "--num_processes", "2", str(script), "none")
@@ -212,6 +221,7 @@ def test_two_processes_end_with_the_largest_rank_and_the_sum(tmp_path):
     assert 800 <= largest < 1400 and largest + 200 <= together < 2000, line
 
 
+@pytest.mark.slow
 def test_a_rank_that_crashes_in_native_code_is_named(tmp_path):
     script = write_script(tmp_path, "ranks.py", RANKS)
     result = launch("--cpu", "--num_processes", "2", str(script), "1")

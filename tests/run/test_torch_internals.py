@@ -24,7 +24,7 @@ import torch
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, start_processes
 
-from conftest import file_line
+from helpers import file_line
 from mpslaunch.run.torch_internals import (bound_store, graceful_stops,
                                            libuv_takes_a_listening_socket, missing, release,
                                            serve_store, torch_takes_no_signals)
@@ -118,6 +118,7 @@ def start_ranks(folder: Path, *kinds: str):
     return context
 
 
+@pytest.mark.slow
 def test_the_close_swap_records_how_each_stopped_rank_ended(tmp_path):
     """Still running at the stop: rank 0 stops on SIGTERM, rank 1 ignores it and is killed when
     the grace period ends; rank 2 had ended by itself, so it was not stopped."""
@@ -156,6 +157,7 @@ class Launcher:
         self.safe_points += 1
 
 
+@pytest.mark.slow
 def test_the_swaps_send_the_stops_own_signal_and_tell_the_safe_points(tmp_path):
     """torch's agent looking at its ranks (wait) and the end of a close are where the launcher may
     unwind it; a close sends the signal that stopped the run, not torch's SIGTERM."""
@@ -172,6 +174,7 @@ def test_the_swaps_send_the_stops_own_signal_and_tell_the_safe_points(tmp_path):
     assert stops.stopped == {0: -signal.SIGINT}
 
 
+@pytest.mark.slow
 def test_torch_sets_no_handler_while_the_launcher_runs_it(tmp_path):
     """torch's own PContext.start, on this release: an ignored SIGHUP stays ignored, SIGTERM and
     SIGINT keep the launcher's, and the module is torch's own again after the run."""
@@ -191,6 +194,7 @@ def test_torch_sets_no_handler_while_the_launcher_runs_it(tmp_path):
         context.close()
 
 
+@pytest.mark.slow
 def test_without_the_swap_this_torch_takes_the_signals_over(tmp_path):
     """The control: what torch's PContext.start does on its own, which the swap above prevents."""
     with kept_handlers():
@@ -200,6 +204,7 @@ def test_without_the_swap_this_torch_takes_the_signals_over(tmp_path):
         context.close()
 
 
+@pytest.mark.slow
 def test_from_another_thread_torch_sets_no_handler(tmp_path):
     """mpslaunch.launch() from a thread: torch 2.4 raises ValueError there."""
     errors = []
@@ -261,6 +266,7 @@ def host_without_names():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["plain", "launcher"])
 def test_a_connection_from_an_address_without_a_name_aborts_torch_2_5s_store_only(
         host_without_names, how):

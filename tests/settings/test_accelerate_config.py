@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import MACHINES, basic_config, cluster_config, run_cli
+from helpers import MACHINES, basic_config, cluster_config, run_cli
 from mpslaunch.settings import accelerate_config, profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import resolve
@@ -124,6 +124,7 @@ def test_sagemaker_and_unknown_keys_are_refused(tmp_path):
     assert "Accelerate's something_new cannot be translated" in refusal(path)
 
 
+@pytest.mark.slow
 def test_the_default_path_is_accelerates(tmp_path):
     variants = [{"HF_HOME": str(tmp_path / "hf")}, {"XDG_CACHE_HOME": str(tmp_path / "xdg")},
                 {"HOME": str(tmp_path / "home")}]
@@ -187,6 +188,7 @@ def test_off_values_are_idle_in_every_spelling(off):
         assert accelerate_config.translate({**base, key: off}, "acc.yaml") == plain, key
 
 
+@pytest.mark.slow
 def test_what_accelerate_reads_is_read_a_tab_indented_json_file_and_a_quoted_port(tmp_path):
     fields = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_CPU",
               "mixed_precision": "no", "use_cpu": True, "num_processes": 2,

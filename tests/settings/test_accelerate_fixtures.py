@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MACHINES, run_cli, write_script
+from helpers import MACHINES, run_cli, write_script
 from mpslaunch import commands as cli, machine as machine_probe
 from mpslaunch.settings import profile_files
 from mpslaunch.output import MpslaunchError
@@ -305,6 +305,7 @@ def test_cli_refuses_each_refused_file_in_one_line(name, tmp_path, monkeypatch, 
     assert not (tmp_path / "imported.yaml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hand_bad_distributed_type_list", "hand_bad_dynamo_config_name",
                                   "multi_cpu_mpirun_2_machines", "deepspeed"])
 def test_refusals_through_the_real_cli(name, tmp_path):
@@ -319,6 +320,7 @@ def test_refusals_through_the_real_cli(name, tmp_path):
     assert not (tmp_path / "train.py.ran").exists() and not (tmp_path / "imported.yaml").exists()
 
 
+@pytest.mark.slow
 def test_warnings_reach_the_user_through_the_real_cli(tmp_path):
     path = fixture("hand_no_with_2_processes")
     script = write_script(tmp_path, "train.py", "")
@@ -335,6 +337,7 @@ def test_warnings_reach_the_user_through_the_real_cli(tmp_path):
     assert f"# warning: {path}: distributed_type NO is one process" in shown.stdout
 
 
+@pytest.mark.slow
 def test_multi_cpu_runs_one_process_under_accelerate_launch(tmp_path):
     """The MULTI_CPU difference, seen in a real `accelerate launch`: one process, no WORLD_SIZE."""
     import os

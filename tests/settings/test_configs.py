@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES, REPO
+from helpers import MACHINES, REPO
 from mpslaunch.settings import profile_files
 from mpslaunch.plan import resolve
 from mpslaunch.settings import LaunchRequest

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import MACHINES
+from helpers import MACHINES
 from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import decide_settings, for_target, settle
 from mpslaunch.settings import (ACCELERATE, API, CLUSTER, COMMAND_LINE, DEFAULT, PROFILE,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from conftest import refusal_of
+from helpers import refusal_of
 from mpslaunch.settings import options, profile as profiles, profile_files
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import Profile

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_line_error, run_cli
+from helpers import one_line_error, run_cli
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import profile_files
 
@@ -49,6 +49,7 @@ def test_aliases_a_real_file_uses_still_read(tmp_path):
     assert profile_files.read(write(tmp_path, text)).profile.mixed_precision == "no"
 
 
+@pytest.mark.slow
 def test_launch_and_import_refuse_an_alias_bomb_at_once(tmp_path):
     # Twelve levels: 9**12 items, which nothing could walk; before the refusal, this hung.
     path = write(tmp_path, laughs(12))

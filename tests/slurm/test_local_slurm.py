@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import local_slurm, wait_for, write_script
+from helpers import local_slurm, wait_for, write_script
 from mpslaunch.machine import kill_wait_seconds
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # Prints what machine/slurm.py reads in this process's environment, as one JSON line.
 READ_SLURM = """

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, wait_for, write_script
+from helpers import REPO, wait_for, write_script
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # The nodes share this host, whose name stands for 127.0.0.1 only: gloo is told its interface
 # (the plan refuses several machines otherwise, as it would on two real hosts named so).

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from conftest import REPO, REQUIRE_SLURM, write_script
+from helpers import REPO, REQUIRE_SLURM, write_script
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 SKIPPING = """
 import pytest

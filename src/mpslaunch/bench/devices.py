@@ -10,17 +10,21 @@ import gc
 
 import torch
 
-from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine, available_memory, cpu_brand
+from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import precision_refusal
 
 KNOWN_DEVICES = ("cpu", "mps", "cuda")
 
 # Accepted spellings -> canonical dtype name; the canonical names are what tables and CSV show.
 DTYPE_ALIASES = {
-    "float32": "float32", "fp32": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -86,12 +90,12 @@ def check_dtype_supported(device: str, dtype: str, machine: Machine) -> None:
     refusal = precision_refusal("bf16", device, machine) if dtype == "bfloat16" else None
     if device == "mps" and refusal:
         reason, _ = refusal  # its advice names launch's flags
-        raise MpslaunchError(f"{reason}; drop bfloat16 from --dtype, or pass --devices cpu to "
-                             "measure it on the cpu only")
-    if device == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
         raise MpslaunchError(
-            "this CUDA GPU does not support bfloat16; drop bfloat16 from --dtype"
+            f"{reason}; drop bfloat16 from --dtype, or pass --devices cpu to "
+            "measure it on the cpu only"
         )
+    if device == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        raise MpslaunchError("this CUDA GPU does not support bfloat16; drop bfloat16 from --dtype")
 
 
 def synchronize(device: str) -> None:

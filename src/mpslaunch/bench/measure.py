@@ -12,6 +12,10 @@ from mpslaunch.bench.report import DOES_NOT_FIT, FAILED, OK, Result
 from mpslaunch.bench.timing import time_op
 from mpslaunch.output import error_line
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING
+if TYPE_CHECKING:
+    from typing import Any
+
 # Leave headroom: the allocator, the framework and the rest of the system need some too.
 USABLE_FRACTION = 0.9
 GIB = 1024**3
@@ -26,16 +30,24 @@ def measure(workload: str, dtype: str, size: int, device: str, options) -> Resul
 
 
 def _measure(workload: str, dtype: str, size: int, device: str, options) -> Result:
-    point = dict(workload=workload, dtype=dtype, device=device, size=size,
-                 flops=workloads.flops(workload, size))
+    point: dict[str, Any] = dict(
+        workload=workload,
+        dtype=dtype,
+        device=device,
+        size=size,
+        flops=workloads.flops(workload, size),
+    )
     too_big = _does_not_fit_reason(workload, dtype, size, device)
     if too_big:
         return Result(status=DOES_NOT_FIT, note=too_big, **point)
     try:
         op = workloads.prepare(workload, device, dtype, size)
         timing = time_op(
-            op, lambda: devices.synchronize(device),
-            repeats=options.repeats, warmup=options.warmup, budget_seconds=options.budget,
+            op,
+            lambda: devices.synchronize(device),
+            repeats=options.repeats,
+            warmup=options.warmup,
+            budget_seconds=options.budget,
         )
     except (RuntimeError, TypeError, NotImplementedError, MemoryError) as error:
         if devices.is_out_of_memory(error):

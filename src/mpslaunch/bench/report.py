@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from mpslaunch.bench.timing import Timing
 
@@ -20,9 +20,21 @@ DOES_NOT_FIT = "does not fit"
 FAILED = "failed"
 
 CSV_COLUMNS = (
-    "workload", "dtype", "device", "size", "status",
-    "median_s", "p25_s", "p75_s", "iqr_s", "samples", "inner",
-    "flops", "gflops", "speedup_vs_cpu", "note",
+    "workload",
+    "dtype",
+    "device",
+    "size",
+    "status",
+    "median_s",
+    "p25_s",
+    "p75_s",
+    "iqr_s",
+    "samples",
+    "inner",
+    "flops",
+    "gflops",
+    "speedup_vs_cpu",
+    "note",
 )
 
 SIZE_LABEL = {"matvec": "m", "matmul": "m", "train": "batch"}
@@ -43,7 +55,9 @@ class Result:
 
     @property
     def unreliable(self) -> bool:
-        return self.timing is not None and self.timing.iqr_s > UNRELIABLE_SPREAD * self.timing.median_s
+        return (
+            self.timing is not None and self.timing.iqr_s > UNRELIABLE_SPREAD * self.timing.median_s
+        )
 
     @property
     def gflops(self) -> float | None:
@@ -62,6 +76,7 @@ class Crossover:
 
 
 # ---- derived numbers ------------------------------------------------------------------------
+
 
 def _key(result: Result) -> tuple[str, str, int]:
     return result.workload, result.dtype, result.size
@@ -104,8 +119,13 @@ def _crossover(
     at_largest = f"{speedup[id(largest)]:.3g}x at {label}={largest.size}"
     head = f"{workload} {dtype}, {device} vs cpu:"
     if first_of_winning_run == len(wins):
-        return Crossover(workload, dtype, device, None,
-                         f"{head} cpu faster at the largest {label} measured ({at_largest})")
+        return Crossover(
+            workload,
+            dtype,
+            device,
+            None,
+            f"{head} cpu faster at the largest {label} measured ({at_largest})",
+        )
     size = group[first_of_winning_run].size
     if first_of_winning_run == 0:
         text = f"{head} {device} faster at every {label} measured ({at_largest})"
@@ -116,6 +136,7 @@ def _crossover(
 
 # ---- flat rows (CSV and JSON share them) ----------------------------------------------------
 
+
 def rows(results: list[Result]) -> list[dict[str, object]]:
     speedup = speedups(results)
     return [_row(r, speedup.get(id(r))) for r in results]
@@ -124,7 +145,10 @@ def rows(results: list[Result]) -> list[dict[str, object]]:
 def _row(r: Result, speedup: float | None) -> dict[str, object]:
     t = r.timing
     return {
-        "workload": r.workload, "dtype": r.dtype, "device": r.device, "size": r.size,
+        "workload": r.workload,
+        "dtype": r.dtype,
+        "device": r.device,
+        "size": r.size,
         "status": r.status,
         "median_s": t.median_s if t else None,
         "p25_s": t.p25_s if t else None,
@@ -159,6 +183,7 @@ def write_json(results: list[Result], environment: dict[str, object], stream: Te
 
 # ---- terminal table -------------------------------------------------------------------------
 
+
 def format_seconds(seconds: float) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= scale:
@@ -171,13 +196,17 @@ def format_table(results: list[Result], environment: dict[str, object]) -> str:
     header = ("workload", "dtype", "size", "device", "time/op", "IQR", "GFLOP/s", "speedup")
     table = [header] + [_table_cells(r, speedup.get(id(r))) for r in results]
     # Rows that did not run end in one status text; it must not widen the number columns.
-    widths = [max(len(row[i]) for row in table if i < len(row) - 1 or len(row) == len(header))
-              for i in range(len(header))]
+    widths = [
+        max(len(row[i]) for row in table if i < len(row) - 1 or len(row) == len(header))
+        for i in range(len(header))
+    ]
     right_aligned = {2, 4, 5, 6, 7}
     lines = [_environment_line(environment)]
-    for row, result in zip(table, [None, *results]):
-        cells = [c.rjust(w) if i in right_aligned else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
+    for row, result in zip(table, [None, *results], strict=True):
+        cells = [
+            c.rjust(w) if i in right_aligned else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=False))
+        ]  # a status row is shorter
         if len(row) < len(header):
             cells[-1] = row[-1]
         if result is not None and result.unreliable:
@@ -208,13 +237,14 @@ def _table_cells(r: Result, speedup: float | None) -> tuple[str, ...]:
     )
 
 
-def _environment_line(environment: dict[str, object]) -> str:
+def _environment_line(environment: dict[str, Any]) -> str:
     devices = environment.get("devices", {})
     described = "; ".join(f"{name}: {text}" for name, text in dict(devices).items())
     return f"torch {environment.get('torch', '?')} | {described}"
 
 
 # ---- plot -----------------------------------------------------------------------------------
+
 
 def write_png(results: list[Result], environment: dict[str, object], path: Path) -> None:
     import matplotlib.pyplot as plt
@@ -273,15 +303,23 @@ def _label_sizes(ax, workload: str, sizes: list[int]) -> None:
 
 def _plot_times(ax, workload: str, results: list[Result], colors: dict) -> None:
     for (device, dtype), points in _series(results).items():
-        medians = [r.timing.median_s for r in points]
+        timings = [r.timing for r in points if r.timing]  # all of them: _series keeps timed ones
+        medians = [t.median_s for t in timings]
         spread = [
-            [r.timing.median_s - r.timing.p25_s for r in points],
-            [r.timing.p75_s - r.timing.median_s for r in points],
+            [t.median_s - t.p25_s for t in timings],
+            [t.p75_s - t.median_s for t in timings],
         ]
-        ax.errorbar([r.size for r in points], medians, yerr=spread, marker="o", capsize=3,
-                    color=colors[(device, dtype)], label=f"{device} {dtype}")
+        ax.errorbar(
+            [r.size for r in points],
+            medians,
+            yerr=spread,
+            marker="o",
+            capsize=3,
+            color=colors[(device, dtype)],
+            label=f"{device} {dtype}",
+        )
     shaky = [r for r in results if r.unreliable]
-    _circle(ax, [r.size for r in shaky], [r.timing.median_s for r in shaky])
+    _circle(ax, [r.size for r in shaky], [r.timing.median_s for r in shaky if r.timing])
     ax.set_yscale("log")
     ax.set_ylabel("seconds per op (median, IQR bars)")
     ax.set_title(f"{workload}: time per op")
@@ -292,17 +330,36 @@ def _plot_times(ax, workload: str, results: list[Result], colors: dict) -> None:
 def _circle(ax, sizes: list[int], values: list[float]) -> None:
     """Ring the unreliable points, with one legend entry that says what the ring means."""
     if sizes:
-        ax.scatter(sizes, values, s=150, facecolors="none", edgecolors="red", linewidths=1.5,
-                   zorder=3, label=UNRELIABLE_NOTE)
+        ax.scatter(
+            sizes,
+            values,
+            s=150,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=1.5,
+            zorder=3,
+            label=UNRELIABLE_NOTE,
+        )
 
 
-def _plot_speedups(ax, workload: str, results: list[Result], speedup: dict[int, float],
-                   colors: dict, sizes: list[int]) -> None:
+def _plot_speedups(
+    ax,
+    workload: str,
+    results: list[Result],
+    speedup: dict[int, float],
+    colors: dict,
+    sizes: list[int],
+) -> None:
     for (device, dtype), points in _series(results).items():
         points = [r for r in points if id(r) in speedup]
         if points:
-            ax.plot([r.size for r in points], [speedup[id(r)] for r in points], marker="o",
-                    color=colors[(device, dtype)], label=f"{device} {dtype}")
+            ax.plot(
+                [r.size for r in points],
+                [speedup[id(r)] for r in points],
+                marker="o",
+                color=colors[(device, dtype)],
+                label=f"{device} {dtype}",
+            )
     # A speedup is as unreliable as either of its two times.
     shaky_cpu = {_key(r) for r in results if r.device == "cpu" and r.unreliable}
     shaky = [r for r in results if id(r) in speedup and (r.unreliable or _key(r) in shaky_cpu)]
@@ -316,5 +373,11 @@ def _plot_speedups(ax, workload: str, results: list[Result], speedup: dict[int, 
         ax.legend(fontsize=8)
     else:
         ax.set_axis_off()
-        ax.text(0.5, 0.5, "no accelerator and cpu result\nat the same sizes", ha="center",
-                va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no accelerator and cpu result\nat the same sizes",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )

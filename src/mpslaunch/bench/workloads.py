@@ -60,12 +60,17 @@ def _prepare_matmul(device: torch.device, dtype: torch.dtype, size: int) -> Op:
     return lambda: torch.matmul(left, right, out=out)
 
 
-def small_cnn() -> nn.Module:
+def small_cnn() -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(64 * 8 * 8, 128), nn.ReLU(),
+        nn.Linear(64 * 8 * 8, 128),
+        nn.ReLU(),
         nn.Linear(128, NUM_CLASSES),
     )
 
@@ -118,8 +123,10 @@ def _train_bytes() -> tuple[int, int]:
     if not _train_bytes_cache:
         model = small_cnn()
         outputs: list[int] = []
-        hooks = [layer.register_forward_hook(lambda _, __, out: outputs.append(out.numel()))
-                 for layer in model]
+        hooks = [
+            layer.register_forward_hook(lambda _, __, out: outputs.append(out.numel()))
+            for layer in model
+        ]
         with torch.no_grad():
             model(torch.zeros(1, *IMAGE_SHAPE))
         for hook in hooks:

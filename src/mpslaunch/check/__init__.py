@@ -51,10 +51,16 @@ def check_sources(sources: Sources, target: Target) -> Report:
         from mpslaunch.check.notebook import in_cells
 
         findings = in_cells(findings, script.shown, script.cells)
-    return Report(target, tuple(source.shown for source in sources.files), sources.skipped,
-                  ordered(findings))
+    return Report(
+        target, tuple(source.shown for source in sources.files), sources.skipped, ordered(findings)
+    )
 
 
 # Imported on first use: a launch that reads kept findings, none of them, needs no report.
-__getattr__ = lazy_names(__name__, {"before_launch": ("Interrupted",),
-                                    "report": ("Finding", "Report", "ordered", "as_json", "as_text")})
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "before_launch": ("Interrupted",),
+        "report": ("Finding", "Report", "ordered", "as_json", "as_text"),
+    },
+)

@@ -15,8 +15,8 @@ from mpslaunch.settings import folder_main
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every launch
 if TYPE_CHECKING:
-    from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import LaunchPlan
+    from mpslaunch.settings import LaunchRequest
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
@@ -54,8 +54,15 @@ def _findings(script: str, target: Target, folder: str) -> cache.Kept:
         from mpslaunch.check.reading import read_sources
 
         sources = read_sources(Path(script), whole=False)
-        kept = cache.save(script, target, sources.read, sources.absent, check_sources(sources, target),
-                          folder, sources.listed)
+        kept = cache.save(
+            script,
+            target,
+            sources.read,
+            sources.absent,
+            check_sources(sources, target),
+            folder,
+            sources.listed,
+        )
     return kept
 
 

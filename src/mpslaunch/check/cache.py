@@ -22,7 +22,7 @@ import marshal
 import os
 import time
 
-from mpslaunch import __version__, record
+from mpslaunch import Record, __version__, record
 from mpslaunch.check.fingerprint import digest, listing
 from mpslaunch.check.target import Target
 from mpslaunch.settings import current_folder, open_regular
@@ -42,15 +42,17 @@ CHECK_FOLDER = os.path.dirname(__file__)
 
 
 @record
-class Kept:
+class Kept(Record):
     findings: tuple[Finding, ...]  # the first SHOWN, in the report's order
-    count: int  # all of them
+    count: int  # type: ignore[assignment]  # all of them (the field hides tuple.count, as it may)
 
 
 def key(script: str | Path, target: Target) -> str:
     """Findings name files relative to the working folder, so it is part of the key."""
-    return (f"{__version__} | {rules_digest()} | {current_folder()} | {os.path.realpath(script)} "
-            f"| {target}")
+    return (
+        f"{__version__} | {rules_digest()} | {current_folder()} | {os.path.realpath(script)} "
+        f"| {target}"
+    )
 
 
 @functools.cache  # once per process
@@ -61,7 +63,9 @@ def rules_digest(folder: str = CHECK_FOLDER) -> str:
     declarations themselves (a launch otherwise never imports registry.py, the rule table)."""
     try:
         with os.scandir(folder) as entries:
-            files = sorted((entry.name, entry.stat()) for entry in entries if entry.name.endswith(".py"))
+            files = sorted(
+                (entry.name, entry.stat()) for entry in entries if entry.name.endswith(".py")
+            )
         parts = [f"{name} {status.st_size} {status.st_mtime_ns}" for name, status in files]
     except OSError:
         from mpslaunch.check import registry
@@ -76,7 +80,9 @@ def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
     try:
         with open(open_regular(os.path.join(folder, ENTRIES, _name(wanted))), "rb") as file:
             entry = marshal.loads(file.read())
-        if entry["key"] != wanted or not _unchanged(entry["read"], entry["absent"], entry["listed"]):
+        if entry["key"] != wanted or not _unchanged(
+            entry["read"], entry["absent"], entry["listed"]
+        ):
             return None
         findings = tuple(_finding(item) for item in entry["findings"])
         count = entry["count"]
@@ -87,20 +93,33 @@ def read(script: str | Path, target: Target, folder: str | Path) -> Kept | None:
         return None  # no entry, or one of another shape: checked again, then rewritten
 
 
-def save(script: str | Path, target: Target, read: list[tuple[str, str]], absent: tuple[str, ...],
-         report: Report, folder: str | Path, listed: tuple[str, str] | None = None) -> Kept:
+def save(
+    script: str | Path,
+    target: Target,
+    read: list[tuple[str, str]],
+    absent: tuple[str, ...],
+    report: Report,
+    folder: str | Path,
+    listed: tuple[str, str] | None = None,
+) -> Kept:
     """Keep the findings of `report`, made from the files `read` (path, digest) while the files
     `absent` were not there (and the folder `listed` held the same scripts); returns what is kept."""
     kept = Kept(report.findings[:SHOWN], len(report.findings))
-    entry = {"key": key(script, target), "read": [list(pair) for pair in read], "absent": list(absent),
-             "listed": list(listed) if listed else None,
-             "findings": [finding._asdict() for finding in kept.findings], "count": kept.count}
+    name = key(script, target)
+    entry = {
+        "key": name,
+        "read": [list(pair) for pair in read],
+        "absent": list(absent),
+        "listed": list(listed) if listed else None,
+        "findings": [finding._asdict() for finding in kept.findings],
+        "count": kept.count,
+    }
     from pathlib import Path  # only when a check ran: a launch that reads findings needs none
 
     entries = Path(folder, ENTRIES)
     try:
         entries.mkdir(parents=True, exist_ok=True)
-        _write(entries / _name(entry["key"]), marshal.dumps(entry))
+        _write(entries / _name(name), marshal.dumps(entry))
         _prune(entries)
     except OSError:
         pass  # a full disk, a read-only cache: checked again next time
@@ -122,9 +141,13 @@ def _unchanged(read: list, absent: list, listed: list | None) -> bool:
     if listed is not None:
         folder, expected = listed
         if type(folder) is not str or listing(folder) != expected:
-            return False  # a script beside it appeared or went: it may write a file the script loads
+            return (
+                False  # a script beside it appeared or went: it may write a file the script loads
+            )
     # a folder ends with a separator; a module file that appeared changes what is read
-    return not any((os.path.isdir if path.endswith(os.sep) else os.path.isfile)(path) for path in absent)
+    return not any(
+        (os.path.isdir if path.endswith(os.sep) else os.path.isfile)(path) for path in absent
+    )
 
 
 _TEXT = ("file", "rule", "message", "fix")
@@ -136,10 +159,16 @@ def _finding(item: dict) -> Finding:
 
     if set(item) != set(Finding._fields):
         raise ValueError("another shape")
-    if (any(type(item[name]) is not str for name in _TEXT) or type(item["line"]) is not int
-            or type(item["breaks"]) is not bool
-            or any(not isinstance(value, (str, type(None))) for name, value in item.items()
-                   if name not in (*_TEXT, "line", "breaks"))):
+    if (
+        any(type(item[name]) is not str for name in _TEXT)
+        or type(item["line"]) is not int
+        or type(item["breaks"]) is not bool
+        or any(
+            not isinstance(value, (str, type(None)))
+            for name, value in item.items()
+            if name not in (*_TEXT, "line", "breaks")
+        )
+    ):
         raise ValueError("a damaged finding")
     return Finding(**item)
 

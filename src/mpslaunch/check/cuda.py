@@ -17,12 +17,19 @@ from mpslaunch.check.saves import path_forms, saved_forms
 from mpslaunch.check.scan import Where
 
 # torch.cuda functions that need a CUDA device (torch.cuda.manual_seed and the like do not).
-CUDA_CALLS = {"torch.cuda.set_device", "torch.cuda.synchronize", "torch.cuda.current_device",
-              "torch.cuda.get_device_name", "torch.cuda.get_device_properties"}
+CUDA_CALLS = {
+    "torch.cuda.set_device",
+    "torch.cuda.synchronize",
+    "torch.cuda.current_device",
+    "torch.cuda.get_device_name",
+    "torch.cuda.get_device_properties",
+}
 
 
 @implements("cuda-device")
-def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
+def hard_coded_cuda(
+    rules, call: ast.Call, where: Where, name: str | None, qualified: str | None
+) -> None:
     if where.device_unknown or where.catches(("RuntimeError", "AssertionError")):
         return
     what = None
@@ -34,7 +41,8 @@ def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, quali
         kind = where.facts.qualified(call.args[0]) or where.value(call.args[0])
         what = f'torch.set_default_tensor_type("{kind}")' if CUDA_TENSOR.match(str(kind)) else None
     elif qualified in ("torch.device", "torch.set_default_device") or (
-            name == "to" and isinstance(call.func, ast.Attribute) and qualified is None):
+        name == "to" and isinstance(call.func, ast.Attribute) and qualified is None
+    ):
         shown = qualified if qualified else ".to"
         what = cuda_argument(rules, call.args[0] if call.args else None, shown, where)
     if what is None and takes_a_device(call, name, qualified):
@@ -42,7 +50,14 @@ def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, quali
             if keyword.arg == "device":
                 what = cuda_argument(rules, keyword.value, "device=", where)
     if what is not None:
-        rules.add(where, call, "cuda-device", "cuda", "method" if what == ".cuda()" else "other", what=what)
+        rules.add(
+            where,
+            call,
+            "cuda-device",
+            "cuda",
+            "method" if what == ".cuda()" else "other",
+            what=what,
+        )
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -52,7 +67,7 @@ def hard_coded_cuda(rules, call: ast.Call, where: Where, name: str | None, quali
 class Load(Check):
     """torch.load without map_location, or with one on cuda; not of a file the project writes."""
 
-    def __init__(self, rules, rule):
+    def __init__(self, rules, rule) -> None:
         super().__init__(rules, rule)
         self._saved: set[str] | None = None
 
@@ -65,7 +80,9 @@ class Load(Check):
             if text is not None:
                 self.rules.add(where, call, "load-map-location", "named", text=text)
             return
-        if any(keyword.arg is None for keyword in call.keywords) or self.loads_own_file(call, where):
+        if any(keyword.arg is None for keyword in call.keywords) or self.loads_own_file(
+            call, where
+        ):
             return
         self.rules.add(where, call, "load-map-location", "missing")
 
@@ -91,7 +108,16 @@ def nccl(rules, call: ast.Call, where: Where, name: str | None, qualified: str |
     known = where.literal(backend)
     if (known[0] if known is not None else where.value(backend)) != "nccl":
         return
-    error = ("Distributed package doesn't have NCCL built in" if rules.target.system == "Darwin"
-             else "ProcessGroupNCCL is only supported with GPUs, no GPUs found!")
-    rules.add(where, call, "nccl-cpu", "nccl", "accelerate" if rules.uses_accelerate else "plain",
-              error=error)
+    error = (
+        "Distributed package doesn't have NCCL built in"
+        if rules.target.system == "Darwin"
+        else "ProcessGroupNCCL is only supported with GPUs, no GPUs found!"
+    )
+    rules.add(
+        where,
+        call,
+        "nccl-cpu",
+        "nccl",
+        "accelerate" if rules.uses_accelerate else "plain",
+        error=error,
+    )

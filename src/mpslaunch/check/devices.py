@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from mpslaunch.check.calls import called_name, keyword_value
-from mpslaunch.check.scan import Where
+from mpslaunch.check.scan import Scope, Where
 from mpslaunch.check.values import CUDA_TENSOR, Prefix, is_cuda_text
 
 CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -40,7 +40,9 @@ def cuda_text(rules, node: ast.expr | None, where: Where) -> str | None:
         value, line = known
         if not is_cuda_text(value):
             return None
-        return f'"{value}"' if line is None else f'{node.id} (= "{value}", line {line})'
+        if line is None or not isinstance(node, ast.Name):  # a line: a name bound to the literal
+            return f'"{value}"'
+        return f'{node.id} (= "{value}", line {line})'
     if isinstance(node, ast.Name):
         if node.id not in where.facts.cuda_names:
             return None
@@ -48,8 +50,11 @@ def cuda_text(rules, node: ast.expr | None, where: Where) -> str | None:
         if not isinstance(bound, (ast.JoinedStr, ast.Call)) or bound.lineno == node.lineno:
             return None
         value = where.value(node)
-        return f'{node.id} (= {ast.unparse(bound)}, line {bound.lineno})' \
-            if isinstance(value, Prefix) and value.startswith("cuda") else None
+        return (
+            f"{node.id} (= {ast.unparse(bound)}, line {bound.lineno})"
+            if isinstance(value, Prefix) and value.startswith("cuda")
+            else None
+        )
     value = where.value(node) if isinstance(node, (ast.IfExp, ast.JoinedStr, ast.Call)) else None
     if isinstance(value, Prefix) and value.startswith("cuda"):
         return f'f"{value}..."'
@@ -63,16 +68,27 @@ def module_default(rules, name: ast.Name, where: Where) -> bool:
     device here: reported once at its line. Whether name is such a default."""
     if where.facts.constants_trusted or name.id not in where.facts.literal_names:
         return False
-    scope = where.scope
+    scope: Scope | None = where.scope
     while scope is not None and name.id not in scope.bindings:
         scope = scope.parent
     if scope is None or scope.function is not None:
         return False  # a local name
     for statement in where.facts.source.tree.body:
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
-                and getattr(statement.targets[0], "id", None) == name.id \
-                and isinstance(statement.value, ast.Constant) and is_cuda_text(statement.value.value):
-            rules.add(where, statement, "cuda-default", "module", name=name.id, value=statement.value.value)
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and getattr(statement.targets[0], "id", None) == name.id
+            and isinstance(statement.value, ast.Constant)
+            and is_cuda_text(statement.value.value)
+        ):
+            rules.add(
+                where,
+                statement,
+                "cuda-default",
+                "module",
+                name=name.id,
+                value=statement.value.value,
+            )
             return True
     return False
 
@@ -82,8 +98,12 @@ def takes_a_device(call: ast.Call, name: str | None, qualified: str | None) -> b
     classes, a tensor's or module's methods, a Hugging Face pipeline (not `dict(device=...)`)."""
     if qualified is None:
         return isinstance(call.func, ast.Attribute) and name in TENSOR_METHODS
-    return (qualified.startswith(("torch.", "torchvision.", "transformers."))
-            and qualified not in (*CUDA_SCALER, *SCALER, *CUDA_AUTOCAST, *AUTOCAST))
+    return qualified.startswith(("torch.", "torchvision.", "transformers.")) and qualified not in (
+        *CUDA_SCALER,
+        *SCALER,
+        *CUDA_AUTOCAST,
+        *AUTOCAST,
+    )
 
 
 def is_device_expression(node: ast.expr, where: Where) -> bool:

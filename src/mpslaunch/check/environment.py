@@ -36,8 +36,10 @@ class Environment:
         if not isinstance(name, str) or self.settings is None:
             return None
         file, line = place
-        if any(not any(test_file == file and first <= line <= last for test_file, first, last in tests)
-               for tests in self.settings.get(name, ())):
+        if any(
+            not any(test_file == file and first <= line <= last for test_file, first, last in tests)
+            for tests in self.settings.get(name, ())
+        ):
             return None  # the script may have set it by then
         from mpslaunch.plan import seen_by_the_script  # only for a script that reads one
 
@@ -59,7 +61,8 @@ def _settings(files: Iterable) -> dict[str, list[list[tuple[str, int, int]]]] | 
                 return None
             for match in sets_one.finditer(texts[line - 1]):
                 found.setdefault(next(filter(None, match.groups())), []).append(
-                    [(str(source.path), *span) for span in _tests_before(source.tree, line)])
+                    [(str(source.path), *span) for span in _tests_before(source.tree, line)]
+                )
     return found
 
 
@@ -67,10 +70,16 @@ def _tests_before(tree: ast.Module, line: int) -> list[tuple[int, int]]:
     """The lines of the tests of each if/elif chain whose branch holds `line`: they run before it."""
     spans = []
     for statement in statements(tree.body, [line]):
-        if isinstance(statement, ast.If) and not statement.test.lineno <= line <= statement.test.end_lineno:
+        if not isinstance(statement, ast.If):
+            continue
+        if (
+            not statement.test.lineno
+            <= line
+            <= (statement.test.end_lineno or statement.test.lineno)
+        ):
             link = statement
             while True:
-                spans.append((link.test.lineno, link.test.end_lineno))
+                spans.append((link.test.lineno, link.test.end_lineno or link.test.lineno))
                 if len(link.orelse) != 1 or not isinstance(link.orelse[0], ast.If):
                     break
                 link = link.orelse[0]

@@ -17,25 +17,55 @@ from mpslaunch.check.walk import has_main_guard
 
 DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 # DataLoader's positional parameters, in order.
-LOADER_PARAMETERS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
-                     "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
-                     "worker_init_fn", "multiprocessing_context")
+LOADER_PARAMETERS = (
+    "dataset",
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+)
 # Calls that keep the transforms they are given (so a lambda inside is pickled with the dataset).
-TRANSFORM_HOLDERS = {"Compose", "Lambda", "RandomApply", "RandomChoice", "RandomOrder",
-                     "partial", "Sequential"}
+TRANSFORM_HOLDERS = {
+    "Compose",
+    "Lambda",
+    "RandomApply",
+    "RandomChoice",
+    "RandomOrder",
+    "partial",
+    "Sequential",
+}
 
 
 @implements("pin-memory-mps")
-def pin_memory(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
-    if qualified in DATALOADER and not where.device_unknown \
-            and where.value(Arguments(call, where).get("pin_memory")) is True:
+def pin_memory(
+    rules, call: ast.Call, where: Where, name: str | None, qualified: str | None
+) -> None:
+    if (
+        qualified in DATALOADER
+        and not where.device_unknown
+        and where.value(Arguments(call, where).get("pin_memory")) is True
+    ):
         rules.add(where, call, "pin-memory-mps", "pin")
 
 
 @implements("workers-main-guard")
-def main_guard(rules, call: ast.Call, where: Where, name: str | None, qualified: str | None) -> None:
+def main_guard(
+    rules, call: ast.Call, where: Where, name: str | None, qualified: str | None
+) -> None:
     source = where.facts.source
-    if qualified in DATALOADER and source.is_script and where.at_import and not has_main_guard(source.tree):
+    if (
+        qualified in DATALOADER
+        and source.is_script
+        and where.at_import
+        and not has_main_guard(source.tree)
+    ):
         started = _started(rules, Arguments(call, where), where)
         if started:
             rules.add(where, call, "workers-main-guard", "guard", started=started)
@@ -46,21 +76,28 @@ def pickled(rules, call: ast.Call, where: Where, name: str | None, qualified: st
     if qualified not in DATALOADER:
         return
     arguments = Arguments(call, where)
-    found = [("callable", {"part": part, "what": unpicklable(arguments.get(part), where)})
-             for part in ("collate_fn", "worker_init_fn")]
+    found = [
+        ("callable", {"part": part, "what": unpicklable(arguments.get(part), where)})
+        for part in ("collate_fn", "worker_init_fn")
+    ]
     found.append(("dataset", {"what": dataset_unpicklable(arguments.get("dataset"), where)}))
     found = [(kind, fields) for kind, fields in found if fields["what"]]
-    started = _started(rules, arguments, where) if found else None  # how many workers: only if it matters
+    started = (
+        _started(rules, arguments, where) if found else None
+    )  # how many workers: only if it matters
     if not started:
         return
     # a spawned worker finds a function by its module: a notebook's own functions have none
-    home = ("in a .py module beside the notebook, and import it" if where.facts.source.cells is not None
-            else "with def at module level")
+    home = (
+        "in a .py module beside the notebook, and import it"
+        if where.facts.source.cells is not None
+        else "with def at module level"
+    )
     for kind, fields in found:
         rules.add(where, call, "workers-pickle", kind, started=started, home=home, **fields)
 
 
-def _started(rules, arguments: "Arguments", where: Where) -> str | None:
+def _started(rules, arguments: Arguments, where: Where) -> str | None:
     """How the loader's workers start ("workers (num_workers=4) start by spawn on macOS"), or
     None when it starts none or starts them by fork (which pickles nothing, runs nothing again)."""
     workers = _workers(arguments.get("num_workers"), where)
@@ -84,7 +121,8 @@ class Arguments:
                 return keyword.value
         position = LOADER_PARAMETERS.index(name)
         if len(self.call.args) > position and not any(
-                isinstance(arg, ast.Starred) for arg in self.call.args[:position + 1]):
+            isinstance(arg, ast.Starred) for arg in self.call.args[: position + 1]
+        ):
             return self.call.args[position]
         if self._spread is None:
             self._spread = {}
@@ -101,13 +139,20 @@ def dict_items(node: ast.expr | None, where: Where, depth: int = 0) -> dict[str,
     if depth > 4 or node is None:
         return {}
     if isinstance(node, ast.Dict):
-        return {key.value: value for key, value in zip(node.keys, node.values)
-                if isinstance(key, ast.Constant) and isinstance(key.value, str)}
+        return {
+            key.value: value
+            for key, value in zip(node.keys, node.values, strict=True)
+            if isinstance(key, ast.Constant) and isinstance(key.value, str)
+        }
     if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
         return {k.arg: k.value for k in node.keywords if k.arg}
     if isinstance(node, ast.IfExp):
         test = where.value(node.test)
-        return {} if test is UNKNOWN else dict_items(node.body if test else node.orelse, where, depth + 1)
+        return (
+            {}
+            if test is UNKNOWN
+            else dict_items(node.body if test else node.orelse, where, depth + 1)
+        )
     if isinstance(node, ast.Name):
         bound, scope = where.scope.lookup(node.id)
         if not isinstance(bound, ast.expr) or scope is None:
@@ -132,18 +177,26 @@ def _updates(body: list[ast.stmt], name: str, where: Where) -> list[ast.Call]:
             value, reads = where.values.test(statement.test, where.scope)
             if value is UNKNOWN and reads == "device":
                 continue
-            taken = [statement.body, statement.orelse] if value is UNKNOWN or reads is None else \
-                [statement.body if value else statement.orelse]
+            taken = (
+                [statement.body, statement.orelse]
+                if value is UNKNOWN or reads is None
+                else [statement.body if value else statement.orelse]
+            )
             for part in taken:
                 found += _updates(part, name, where)
             continue
         call = statement.value if isinstance(statement, ast.Expr) else None
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "update" \
-                and isinstance(call.func.value, ast.Name) and call.func.value.id == name:
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "update"
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == name
+        ):
             found.append(call)
-        for part in ("body", "orelse", "finalbody"):
-            if isinstance(getattr(statement, part, None), list):
-                found += _updates(getattr(statement, part), name, where)
+        for field in ("body", "orelse", "finalbody"):
+            if isinstance(getattr(statement, field, None), list):
+                found += _updates(getattr(statement, field), name, where)
     return found
 
 
@@ -194,7 +247,8 @@ def dataset_unpicklable(node: ast.expr | None, where: Where) -> str | None:
     """A lambda or local function among the transforms the dataset is built with, or one its
     class stores on self."""
     if isinstance(node, ast.Name):
-        node, _ = where.scope.lookup(node.id)
+        bound, _ = where.scope.lookup(node.id)
+        node = bound if isinstance(bound, ast.Call) else None
     if not isinstance(node, ast.Call):
         return None
     for keyword in node.keywords:
@@ -238,7 +292,10 @@ def _stored_lambda(cls: ast.ClassDef) -> str | None:
     for node in ast.walk(cls):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
             for target in node.targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                        and target.value.id == "self":
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
                     return f"a lambda as self.{target.attr} (line {node.lineno})"
     return None

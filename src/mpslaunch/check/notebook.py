@@ -70,12 +70,16 @@ def _cells(shown: str, data: bytes, error: type[MpslaunchError]) -> list:
     try:
         notebook = json.loads(data)
     except ValueError as problem:  # not JSON, or not text
-        raise error(f"{shown} is not a Jupyter notebook ({problem}); give the notebook as Jupyter "
-                    "saved it, or the training script") from None
+        raise error(
+            f"{shown} is not a Jupyter notebook ({problem}); give the notebook as Jupyter "
+            "saved it, or the training script"
+        ) from None
     cells = notebook.get("cells") if isinstance(notebook, dict) else None
     if not isinstance(cells, list):
-        raise error(f"{shown} is not a Jupyter notebook of format 4 (it has no list of cells); "
-                    f"`jupyter nbconvert --to notebook --inplace {shown}` updates an older one")
+        raise error(
+            f"{shown} is not a Jupyter notebook of format 4 (it has no list of cells); "
+            f"`jupyter nbconvert --to notebook --inplace {shown}` updates an older one"
+        )
     metadata = notebook.get("metadata")
     language = _language(metadata if isinstance(metadata, dict) else {})
     if language.lower() not in ("", "python"):

@@ -23,8 +23,15 @@ from pathlib import Path
 
 from mpslaunch.check.fingerprint import digest as digest_of
 from mpslaunch.check.fingerprint import listing
-from mpslaunch.check.selection import (Lines, file_name, folded, has_main_guard_text, import_lines,
-                                      lines_of, selected_source)
+from mpslaunch.check.selection import (
+    Lines,
+    file_name,
+    folded,
+    has_main_guard_text,
+    import_lines,
+    lines_of,
+    selected_source,
+)
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import current_folder, open_regular, unreadable
 
@@ -80,8 +87,11 @@ class SourceFile:
     def imports(self) -> tuple[ast.stmt, ...]:
         """Its import statements, wherever they are (found through the lines that spell them)."""
         lines = import_lines(self.words)
-        return tuple(node for node in statements(self.tree.body, lines)
-                     if isinstance(node, (ast.Import, ast.ImportFrom)))
+        return tuple(
+            node
+            for node in statements(self.tree.body, lines)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        )
 
 
 @dataclass(frozen=True)
@@ -96,8 +106,13 @@ class Sources:
     @property
     def read(self) -> list[tuple[str, str]]:
         """(real path, digest) of each file read."""
-        return [*((os.path.realpath(source.path), source.digest) for source in (*self.files, *self.writers)),
-                *self.beside]
+        return [
+            *(
+                (os.path.realpath(source.path), source.digest)
+                for source in (*self.files, *self.writers)
+            ),
+            *self.beside,
+        ]
 
 
 def read_sources(script: Path, whole: bool = True) -> Sources:
@@ -105,7 +120,7 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
     launch, where speed counts and Python reports syntax errors itself) only in the parts a
     rule can be about."""
     first = _source(script, True, whole)
-    files, seen, absent = [first], {_real(script)}, set()
+    files, seen, absent = [first], {_real(script)}, set[str]()
     skipped = list(first.cells.left_out) if first.cells else []
     folder = Path(_real(script)).parent
     index = 0
@@ -115,24 +130,39 @@ def read_sources(script: Path, whole: bool = True) -> Sources:
                 continue
             seen.add(_real(path))
             if len(files) >= MAX_FILES:
-                skipped.append(f"{_shown(path)}: not read (the check reads the script and at most "
-                               f"{MAX_FILES - 1} of the local modules it imports)")
+                skipped.append(
+                    f"{_shown(path)}: not read (the check reads the script and at most "
+                    f"{MAX_FILES - 1} of the local modules it imports)"
+                )
                 continue
             try:
                 files.append(_source(path, False, whole))
             except ScriptError as error:
                 skipped.append(str(error))
         index += 1
-    loaded = {name for source in files for rest in _LOAD_LINE.findall(source.words)
-              for name in _QUOTED.findall(rest) if file_name(name)}
+    loaded = {
+        name
+        for source in files
+        for rest in _LOAD_LINE.findall(source.words)
+        for name in _QUOTED.findall(rest)
+        if file_name(name)
+    }
     if not loaded:
         return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)))
     writers, beside = _writers(folder, seen, loaded)
-    return Sources(tuple(files), tuple(skipped), tuple(sorted(absent)), writers, beside,
-                   (str(folder), listing(str(folder))))
+    return Sources(
+        tuple(files),
+        tuple(skipped),
+        tuple(sorted(absent)),
+        writers,
+        beside,
+        (str(folder), listing(str(folder))),
+    )
 
 
-def _writers(folder: Path, seen: set[str], loaded: set[str]) -> tuple[tuple[SourceFile, ...], tuple]:
+def _writers(
+    folder: Path, seen: set[str], loaded: set[str]
+) -> tuple[tuple[SourceFile, ...], tuple]:
     """The scripts beside the script (not read as its modules) that torch.save one of the file
     names it loads, parsed, and (path, digest) of the others looked at."""
     try:
@@ -146,11 +176,21 @@ def _writers(folder: Path, seen: set[str], loaded: set[str]) -> tuple[tuple[Sour
             continue
         try:
             data = _read_bytes(path, MAX_FILE_BYTES)
-            if b"save(" in data and any(f"{quote}{file}{quote}".encode() in data
-                                        for file in loaded for quote in "\"'"):
+            if b"save(" in data and any(
+                f"{quote}{file}{quote}".encode() in data for file in loaded for quote in "\"'"
+            ):
                 text = _decode(path, data)
-                writers.append(SourceFile(path, _shown(path), text, parse(path, text), True,
-                                          lines_of(folded(text)), digest=digest_of(data)))
+                writers.append(
+                    SourceFile(
+                        path,
+                        _shown(path),
+                        text,
+                        parse(path, text),
+                        True,
+                        lines_of(folded(text)),
+                        digest=digest_of(data),
+                    )
+                )
             else:
                 beside.append((_real(path), digest_of(data)))
         except ScriptError:
@@ -170,8 +210,16 @@ def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
         from mpslaunch.check.notebook import notebook_code  # only for a notebook
 
         cells = notebook_code(_shown(path), data, ScriptError)
-        return SourceFile(path, _shown(path), cells.text, parse(path, cells.text), is_script,
-                          lines_of(folded(cells.text)), digest=digest, cells=cells)
+        return SourceFile(
+            path,
+            _shown(path),
+            cells.text,
+            parse(path, cells.text),
+            is_script,
+            lines_of(folded(cells.text)),
+            digest=digest,
+            cells=cells,
+        )
     if is_script:
         _refuse_what_is_not_source(path, data)
     text = _decode(path, data)
@@ -181,7 +229,9 @@ def _source(path: Path, is_script: bool, whole: bool) -> SourceFile:
         selected, left_out = selected_source(text, words, lines.wanted)
         try:
             tree = ast.parse(selected, filename=str(path))
-            return SourceFile(path, _shown(path), text, tree, is_script, lines, tuple(left_out), digest)
+            return SourceFile(
+                path, _shown(path), text, tree, is_script, lines, tuple(left_out), digest
+            )
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # a split inside a string: read it whole
     return SourceFile(path, _shown(path), text, parse(path, text), is_script, lines, digest=digest)
@@ -191,14 +241,20 @@ def parse(path: Path, text: str) -> ast.Module:
     try:
         return ast.parse(text, filename=str(path))
     except SyntaxError as error:
-        raise ScriptError(f"{_shown(path)}:{error.lineno or 1}: syntax error: {error.msg}; "
-                          "fix it (python -m py_compile shows the same)") from None
+        raise ScriptError(
+            f"{_shown(path)}:{error.lineno or 1}: syntax error: {error.msg}; "
+            "fix it (python -m py_compile shows the same)"
+        ) from None
     except (RecursionError, MemoryError):  # Python's parser gives up on such nesting too
-        raise Unchecked(_shown(path), "it nests expressions too deeply for Python's parser; "
-                        "split the expression") from None
+        raise Unchecked(
+            _shown(path),
+            "it nests expressions too deeply for Python's parser; split the expression",
+        ) from None
     except ValueError as error:  # a null byte
-        raise ScriptError(f"{_shown(path)} cannot be parsed as Python ({error}); "
-                          "give the training script, a .py file") from None
+        raise ScriptError(
+            f"{_shown(path)} cannot be parsed as Python ({error}); "
+            "give the training script, a .py file"
+        ) from None
 
 
 def _read_bytes(path: Path, most: int) -> bytes:
@@ -207,9 +263,12 @@ def _read_bytes(path: Path, most: int) -> bytes:
         with open(open_regular(path), "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if size > most:
-                raise Unchecked(_shown(path), f"it is {size / 1e6:.1f} MB, too big to check (the "
-                                f"check reads at most {most // 1_000_000} MB; a training script is "
-                                "far smaller)")
+                raise Unchecked(
+                    _shown(path),
+                    f"it is {size / 1e6:.1f} MB, too big to check (the "
+                    f"check reads at most {most // 1_000_000} MB; a training script is "
+                    "far smaller)",
+                )
             return file.read(most + 1)
     except OSError as error:
         raise ScriptError(unreadable(_shown(path), error)) from None
@@ -221,14 +280,18 @@ def _refuse_what_is_not_source(path: Path, data: bytes) -> None:
     import importlib.util
 
     if path.suffix == ".pyc" or data.startswith(importlib.util.MAGIC_NUMBER):
-        raise ScriptError(f"{_shown(path)} is compiled Python (bytecode): python runs it, but the "
-                          "check reads source; check the .py file it was compiled from")
+        raise ScriptError(
+            f"{_shown(path)} is compiled Python (bytecode): python runs it, but the "
+            "check reads source; check the .py file it was compiled from"
+        )
     if b"PK\x05\x06" in data[-65_600:]:  # a zip's last record, within its comment's reach
         import zipfile
 
         if zipfile.is_zipfile(io.BytesIO(data)):
-            raise ScriptError(f"{_shown(path)} is a zip archive: python runs the __main__.py in "
-                              "it, but the check reads source files; check that __main__.py")
+            raise ScriptError(
+                f"{_shown(path)} is a zip archive: python runs the __main__.py in "
+                "it, but the check reads source files; check that __main__.py"
+            )
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -239,9 +302,11 @@ def _decode(path: Path, data: bytes) -> str:
         raise ScriptError(f"{_shown(path)}: {error}; Python cannot read it either") from None
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise ScriptError(f"{_shown(path)}:{line}: not {error.encoding} text (byte "
-                          f"0x{data[error.start]:02x}); save it as UTF-8, or give the Python "
-                          "script, not a binary file") from None
+        raise ScriptError(
+            f"{_shown(path)}:{line}: not {error.encoding} text (byte "
+            f"0x{data[error.start]:02x}); save it as UTF-8, or give the Python "
+            "script, not a binary file"
+        ) from None
 
 
 def local_imports(source: SourceFile, folder: Path, absent: set[str]) -> list[Path]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.check.target import Target
 from mpslaunch.output import one_line
 
@@ -10,7 +10,7 @@ FALLBACK = "cpu-fallback"  # the rule whose findings come first
 
 
 @record
-class Finding:
+class Finding(Record):
     file: str
     line: int
     rule: str  # a short stable name, for tools (--json)
@@ -24,7 +24,7 @@ class Finding:
 
 
 @record
-class Report:
+class Report(Record):
     target: Target
     files: tuple[str, ...]  # the files read, the script first
     skipped: tuple[str, ...]  # local modules that could not be read, one line each
@@ -35,10 +35,16 @@ def ordered(findings: list[Finding]) -> tuple[Finding, ...]:
     """Without duplicates (one message, one line): a CPU fall-back first, since it decides how
     fast the whole run is (and launch shows the first few), then what stops the run, each
     file's in order."""
-    unique = {(finding.file, finding.line, finding.rule, finding.message): finding for finding in findings}
+    unique = {
+        (finding.file, finding.line, finding.rule, finding.message): finding for finding in findings
+    }
     files = list(dict.fromkeys(finding.file for finding in findings))
-    return tuple(sorted(unique.values(), key=lambda f: (
-        f.rule != FALLBACK, not f.breaks, files.index(f.file), f.line, f.rule)))
+    return tuple(
+        sorted(
+            unique.values(),
+            key=lambda f: (f.rule != FALLBACK, not f.breaks, files.index(f.file), f.line, f.rule),
+        )
+    )
 
 
 def as_text(report: Report) -> str:
@@ -48,8 +54,10 @@ def as_text(report: Report) -> str:
     if count:
         lines.append(f"{count} finding{'s' if count > 1 else ''} for {report.target.describe()}")
     else:
-        lines.append(f"nothing found for {report.target.describe()} in {len(report.files)} "
-                     f"file{'s' if len(report.files) > 1 else ''}")
+        lines.append(
+            f"nothing found for {report.target.describe()} in {len(report.files)} "
+            f"file{'s' if len(report.files) > 1 else ''}"
+        )
     if report.skipped:  # the summary must not read as if everything was looked at
         lines[-1] += f"; {len(report.skipped)} not checked (above)"
     return "\n".join(map(one_line, lines))  # a file name's escapes and newlines shown escaped
@@ -60,6 +68,12 @@ def as_json(report: Report) -> str:
 
     target = report.target._asdict()
     target["start_method"] = report.target.start_method
-    return json.dumps({"plan": target, "files": list(report.files), "skipped": list(report.skipped),
-                       "findings": [finding._asdict() for finding in report.findings]}, indent=2)
-
+    return json.dumps(
+        {
+            "plan": target,
+            "files": list(report.files),
+            "skipped": list(report.skipped),
+            "findings": [finding._asdict() for finding in report.findings],
+        },
+        indent=2,
+    )

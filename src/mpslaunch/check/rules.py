@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import ast
 
-from mpslaunch.check import registry
-from mpslaunch.check import cuda, fallback, loaders, precision  # noqa: F401 - each registers its rules
+from mpslaunch.check import cuda, fallback, loaders, precision, registry  # noqa: F401 - each registers its rules
 from mpslaunch.check.calls import called_name
 from mpslaunch.check.report import Finding
 from mpslaunch.check.scan import Project, Where
@@ -23,20 +22,29 @@ class Rules:
         self.target, self.project = target, project
         self.values = Values(target, project)
         self.uses_accelerate = project.uses_accelerate
-        self.device_fix = ("accelerator.device" if self.uses_accelerate else
-                           'torch.device(os.environ["MPSLAUNCH_DEVICE"])')
+        self.device_fix = (
+            "accelerator.device"
+            if self.uses_accelerate
+            else 'torch.device(os.environ["MPSLAUNCH_DEVICE"])'
+        )
         self._found: list[Finding] = []
-        self.checks = [registry.IMPLEMENTATIONS[rule.name](self, rule) for rule in registry.RULES
-                       if rule.plans.applies(target)]
-        self._by_call: dict[str, list[registry.Check]] = {}
+        self.checks = [
+            registry.IMPLEMENTATIONS[rule.name](self, rule)
+            for rule in registry.RULES
+            if rule.plans.applies(target)
+        ]
+        self._by_call: dict[str | None, list[registry.Check]] = {}  # None: a call of no name
         for check in self.checks:
             for name in check.rule.calls:
                 self._by_call.setdefault(name, []).append(check)
         self._every_call = self._by_call.pop("*", [])
         self._on_branch = [check for check in self.checks if check.rule.branches]
-        self._fields = {"device": target.device, "device_fix": self.device_fix,
-                        "processes": target.processes,
-                        "on": "on a Mac" if target.device == "mps" else "without an NVIDIA GPU"}
+        self._fields = {
+            "device": target.device,
+            "device_fix": self.device_fix,
+            "processes": target.processes,
+            "on": "on a Mac" if target.device == "mps" else "without an NVIDIA GPU",
+        }
 
     @property
     def findings(self) -> list[Finding]:
@@ -58,8 +66,15 @@ class Rules:
         for check in self._on_branch:
             check.branch(node, where)
 
-    def add(self, where: Where, node: ast.AST, rule_name: str, kind: str, fix: str | None = None,
-            **fields: object) -> None:
+    def add(
+        self,
+        where: Where,
+        node: ast.stmt | ast.expr,
+        rule_name: str,
+        kind: str,
+        fix: str | None = None,
+        **fields: object,
+    ) -> None:
         """A finding of the rule `rule_name` at node: its message of this kind, its fix of kind `fix`
         (the same kind when not given), in the registry's words. Silent where the rule does not
         apply to the plan."""
@@ -68,6 +83,14 @@ class Rules:
             return
         fields = {**self._fields, **fields}
         device = self.target.device
-        self._found.append(Finding(
-            where.facts.source.shown, node.lineno, rule_name, rule.text(rule.messages, kind, device, fields),
-            rule.text(rule.fixes, fix or kind, device, fields), rule.breaks, rule.fact))
+        self._found.append(
+            Finding(
+                where.facts.source.shown,
+                node.lineno,
+                rule_name,
+                rule.text(rule.messages, kind, device, fields),
+                rule.text(rule.fixes, fix or kind, device, fields),
+                rule.breaks,
+                rule.fact,
+            )
+        )

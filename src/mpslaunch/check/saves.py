@@ -40,21 +40,42 @@ def _saves(facts: FileFacts):
     for node in facts.nodes_on(_SAVE):
         if not isinstance(node, ast.Call) or facts.qualified(node.func) != "torch.save":
             continue
-        path = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "f"), None)
-        function = next((s for s in reversed(list(statements(facts.source.tree.body, [node.lineno])))
-                         if isinstance(s, FUNCTION_NODES)), None)
-        if isinstance(path, ast.Starred) or path is None and any(isinstance(a, ast.Starred) for a in node.args):
+        path = (
+            node.args[1]
+            if len(node.args) > 1
+            else next((k.value for k in node.keywords if k.arg == "f"), None)
+        )
+        function = next(
+            (
+                s
+                for s in reversed(list(statements(facts.source.tree.body, [node.lineno])))
+                if isinstance(s, FUNCTION_NODES)
+            ),
+            None,
+        )
+        if (
+            isinstance(path, ast.Starred)
+            or path is None
+            and any(isinstance(a, ast.Starred) for a in node.args)
+        ):
             if function is not None and function.args.vararg is not None:
                 yield None, (function, 1, None)  # torch.save(*args, **kwargs): the caller's second
             continue
-        parameters = [a.arg for a in (*function.args.posonlyargs, *function.args.args)] if function else []
+        parameters = (
+            [a.arg for a in (*function.args.posonlyargs, *function.args.args)] if function else []
+        )
         if isinstance(path, ast.Name) and path.id in parameters:
             yield None, (function, parameters.index(path.id), path.id)
         elif path is not None:
             yield path, None
 
 
-def _wrapper_forms(project: Project, function: ast.AST, position: int, parameter: str | None) -> set[str]:
+def _wrapper_forms(
+    project: Project,
+    function: ast.FunctionDef | ast.AsyncFunctionDef,
+    position: int,
+    parameter: str | None,
+) -> set[str]:
     """The forms of what calls of a save wrapper give for its path parameter, and its default."""
     forms: set[str] = set()
     positional = [*function.args.posonlyargs, *function.args.args]
@@ -70,8 +91,11 @@ def _wrapper_forms(project: Project, function: ast.AST, position: int, parameter
             if not isinstance(call, ast.Call) or called_name(call) != function.name:
                 continue
             given = next((k.value for k in call.keywords if parameter and k.arg == parameter), None)
-            if given is None and len(call.args) > position - offset >= 0 and not any(
-                    isinstance(a, ast.Starred) for a in call.args[:position - offset + 1]):
+            if (
+                given is None
+                and len(call.args) > position - offset >= 0
+                and not any(isinstance(a, ast.Starred) for a in call.args[: position - offset + 1])
+            ):
                 given = call.args[position - offset]
             if given is not None:
                 forms |= path_forms(given, facts.binding)
@@ -89,6 +113,9 @@ def path_forms(path: ast.expr, lookup) -> set[str]:
         if isinstance(bound, ast.expr):
             path = bound
             forms.add(ast.dump(path))
-    forms.update(node.value for node in ast.walk(path)
-                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and file_name(node.value))
+    forms.update(
+        node.value
+        for node in ast.walk(path)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and file_name(node.value)
+    )
     return forms

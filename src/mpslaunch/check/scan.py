@@ -20,6 +20,10 @@ from functools import cached_property
 from mpslaunch.check.reading import SourceFile, statements
 from mpslaunch.check.selection import line_numbers, module_literal_names
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from mpslaunch.check.values import Values
+
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 DEFINITION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _START_METHOD = re.compile(r"""set_start_method\(\s*["'](\w+)["']""")
@@ -29,7 +33,9 @@ _DYNAMIC = re.compile(r"\b(?:exec|globals|vars)\s*\(")  # can rebind any module 
 _OPTION = re.compile(r"(?:add_argument|set_defaults)\(")
 _ATTRIBUTE_SET = re.compile(r"(?m)^[ \t]*(?!self\.)[A-Za-z_]\w*\.\w+[ \t]*=(?!=)")
 # `use_cuda = ...torch.cuda.is_available()`: a name bound on a line that reads the device
-_DEVICE_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)")
+_DEVICE_BINDING = re.compile(
+    r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*(?:cuda|mps|device|accelerator)"
+)
 _CUDA_BINDING = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)[ \t]*=(?!=)[^\n]*cuda")
 _DEVICE_COUNT = re.compile("device_count")
 _LAMBDA = re.compile("lambda")
@@ -82,17 +88,21 @@ class FileFacts:
         """The sorted lines where an expression may always raise on the plan (walk.raises)."""
         lines = self.source.lines
         texts = self._lines if lines.variables else []
-        return sorted({*line_numbers(self.source.words, _DEVICE_COUNT),
-                       *(line for line in lines.variables if "environ[" in texts[line - 1])})
+        return sorted(
+            {
+                *line_numbers(self.source.words, _DEVICE_COUNT),
+                *(line for line in lines.variables if "environ[" in texts[line - 1]),
+            }
+        )
 
-    def may_raise(self, node: ast.AST) -> bool:
+    def may_raise(self, node: ast.stmt | ast.expr) -> bool:
         return _spans(self.raising_lines, node)
 
     @cached_property
     def lambda_lines(self) -> list[int]:
         return line_numbers(self.source.words, _LAMBDA)
 
-    def may_hold_a_lambda(self, node: ast.AST) -> bool:
+    def may_hold_a_lambda(self, node: ast.stmt | ast.expr) -> bool:
         return _spans(self.lambda_lines, node)
 
     @cached_property
@@ -100,8 +110,11 @@ class FileFacts:
         """Names some line binds to an expression that reads os.environ (`ddp = int(os.environ
         .get("RANK", -1)) != -1`): conditions on them are decided by the plan."""
         texts = self._lines if self.source.lines.variables else []
-        return frozenset(match.group(1) for match in (_BOUND.match(texts[line - 1])
-                                                      for line in self.source.lines.variables) if match)
+        return frozenset(
+            match.group(1)
+            for match in (_BOUND.match(texts[line - 1]) for line in self.source.lines.variables)
+            if match
+        )
 
     @cached_property
     def cuda_names(self) -> frozenset[str]:
@@ -111,22 +124,38 @@ class FileFacts:
     @cached_property
     def option_calls(self) -> list[ast.Call]:
         """Its `parser.add_argument(...)` and `parser.set_defaults(...)` calls, in order."""
-        return [node for node in self.nodes_on(_OPTION) if isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute) and node.func.attr in ("add_argument", "set_defaults")]
+        return [
+            node
+            for node in self.nodes_on(_OPTION)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("add_argument", "set_defaults")
+        ]
 
     @cached_property
     def attribute_assignments(self) -> list[ast.Assign]:
         """`args.cuda = ...`: one attribute of a plain name (not self) set."""
-        return [node for node in self.nodes_on(_ATTRIBUTE_SET) if isinstance(node, ast.Assign)
-                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-                and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id != "self"]
+        return [
+            node
+            for node in self.nodes_on(_ATTRIBUTE_SET)
+            if isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Attribute)
+            and isinstance(node.targets[0].value, ast.Name)
+            and node.targets[0].value.id != "self"
+        ]
 
     def binding(self, name: str) -> tuple[ast.expr | None, None]:
         """What `name = ...` binds, when the file has exactly one such line (for a name in a
         function the check has no scope for)."""
         pattern = re.compile(rf"(?m)^[ \t]*{re.escape(name)}[ \t]*=(?!=)")
-        values = [node.value for node in self.nodes_on(pattern) if isinstance(node, ast.Assign)
-                  and len(node.targets) == 1 and getattr(node.targets[0], "id", None) == name]
+        values = [
+            node.value
+            for node in self.nodes_on(pattern)
+            if isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and getattr(node.targets[0], "id", None) == name
+        ]
         return (values[0], None) if len(values) == 1 else (None, None)
 
     def nodes_on(self, pattern: re.Pattern) -> Iterable[ast.AST]:
@@ -140,9 +169,15 @@ class FileFacts:
 class Scope:
     """The names a function (or the module) binds, worked out only when a rule asks."""
 
-    def __init__(self, body: list[ast.stmt], parameters: ast.arguments | None,
-                 function: ast.AST | None, parent: "Scope | None" = None, left_out: tuple[str, ...] = (),
-                 facts: FileFacts | None = None):
+    def __init__(
+        self,
+        body: list[ast.stmt],
+        parameters: ast.arguments | None,
+        function: ast.AST | None,
+        parent: Scope | None = None,
+        left_out: tuple[str, ...] = (),
+        facts: FileFacts | None = None,
+    ):
         self.body, self.parameters, self.function, self.parent = body, parameters, function, parent
         self.left_out = left_out
         self.facts = facts if facts is not None else getattr(parent, "facts", None)
@@ -157,14 +192,24 @@ class Scope:
     @cached_property
     def parameter_names(self) -> frozenset[str]:
         arguments = self.parameters
-        return frozenset(argument.arg for argument in (
-            *arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg,
-            arguments.kwarg) if argument is not None)
+        if arguments is None:  # the module's scope
+            return frozenset()
+        return frozenset(
+            argument.arg
+            for argument in (
+                *arguments.posonlyargs,
+                *arguments.args,
+                *arguments.kwonlyargs,
+                arguments.vararg,
+                arguments.kwarg,
+            )
+            if argument is not None
+        )
 
-    def lookup(self, name: str) -> tuple[ast.AST | None, "Scope | None"]:
+    def lookup(self, name: str) -> tuple[ast.AST | None, Scope | None]:
         """What `name` stands for here when it is bound exactly once (an expression, a def or a
         class), and the scope that binds it; (None, None) otherwise."""
-        scope = self
+        scope: Scope | None = self
         while scope is not None:
             if scope.parameters is not None and name in scope.parameter_names:
                 return None, scope  # a parameter: its value comes from the caller
@@ -183,7 +228,7 @@ class Scope:
 class Where:
     facts: FileFacts
     scope: Scope
-    values: object  # values.Values: what expressions are on the plan
+    values: Values  # what expressions are on the plan
     device_unknown: bool = False  # under a device test whose answer on the plan is unknown
     caught: str = ""  # the exception names the try statements around it catch ("*": all)
     at_import: bool = True  # runs when the script is imported again (a spawned worker does)
@@ -191,18 +236,27 @@ class Where:
     def catches(self, errors: Iterable[str]) -> bool:
         """Whether a try around the call catches one of these exceptions (or everything)."""
         caught = self.caught.split()
-        return "*" in caught or any(error in caught for error in (*errors, "Exception", "BaseException"))
+        return "*" in caught or any(
+            error in caught for error in (*errors, "Exception", "BaseException")
+        )
 
     def literal(self, node: ast.expr | None) -> tuple[object, int | None] | None:
         """(value, line of its definition or None) of a literal, or of a module-level name bound
         once to a literal and not rebound where the call is; None for anything else."""
         if isinstance(node, ast.Constant):
             return node.value, None
-        if isinstance(node, ast.Name) and self.facts.constants_trusted \
-                and node.id in self.facts.literal_names:
+        if (
+            isinstance(node, ast.Name)
+            and self.facts.constants_trusted
+            and node.id in self.facts.literal_names
+        ):
             value, scope = self.scope.lookup(node.id)
-            if isinstance(value, ast.Constant) and scope is not None and scope.function is None \
-                    and node.id not in self.facts.declared_global:
+            if (
+                isinstance(value, ast.Constant)
+                and scope is not None
+                and scope.function is None
+                and node.id not in self.facts.declared_global
+            ):
                 return value.value, value.lineno
         return None
 
@@ -234,18 +288,23 @@ class Project:
     @cached_property
     def mentions_mps(self) -> bool:
         """Whether any file read chooses mps itself somewhere."""
-        return any(re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.words)
-                   for facts in self.facts)
+        return any(
+            re.search(r"""["']mps["']|backends\.mps|torch\.accelerator""", facts.source.words)
+            for facts in self.facts
+        )
 
 
-def _spans(lines: list[int], node: ast.AST) -> bool:
+def _spans(lines: list[int], node: ast.stmt | ast.expr) -> bool:
     """Whether one of the sorted lines lies within node."""
     index = bisect.bisect_left(lines, node.lineno)
     return index < len(lines) and lines[index] <= (node.end_lineno or node.lineno)
 
 
 def prepare(files: Iterable[SourceFile], writers: Iterable[SourceFile] = ()) -> Project:
-    return Project(tuple(_read_facts(source) for source in files), tuple(_read_facts(source) for source in writers))
+    return Project(
+        tuple(_read_facts(source) for source in files),
+        tuple(_read_facts(source) for source in writers),
+    )
 
 
 def _read_facts(source: SourceFile) -> FileFacts:
@@ -265,21 +324,33 @@ def _read_facts(source: SourceFile) -> FileFacts:
         aliases["torch"] = "torch"  # `from utils import *` of a module that imports torch
     text = source.words
     method = _START_METHOD.search(text)
-    return FileFacts(source, aliases, method.group(1) if method else None,
-                     any(name.split(".")[0] == "accelerate" for name in aliases.values()),
-                     source.wanted_lines, not _DYNAMIC.search(text), module_literal_names(text),
-                     frozenset(_WORD.findall(" ".join(_GLOBAL.findall(text)))))
+    return FileFacts(
+        source,
+        aliases,
+        method.group(1) if method else None,
+        any(name.split(".")[0] == "accelerate" for name in aliases.values()),
+        source.wanted_lines,
+        not _DYNAMIC.search(text),
+        module_literal_names(text),
+        frozenset(_WORD.findall(" ".join(_GLOBAL.findall(text)))),
+    )
 
 
-def bindings(body: list[ast.stmt], parameters: ast.arguments | None = None
-             ) -> dict[str, list[ast.AST | None]]:
+def bindings(
+    body: list[ast.stmt], parameters: ast.arguments | None = None
+) -> dict[str, list[ast.AST | None]]:
     """What a body binds, not looking into the functions and classes it defines: name -> the
     values bound to it (None for a binding that is not `name = value`, `with v as name`, `def`
     or `class`)."""
     bound: dict[str, list[ast.AST | None]] = {}
     if parameters is not None:
-        for argument in (*parameters.posonlyargs, *parameters.args, *parameters.kwonlyargs,
-                         parameters.vararg, parameters.kwarg):
+        for argument in (
+            *parameters.posonlyargs,
+            *parameters.args,
+            *parameters.kwonlyargs,
+            parameters.vararg,
+            parameters.kwarg,
+        ):
             if argument is not None:
                 bound.setdefault(argument.arg, []).append(None)
     pending: list[ast.AST] = list(body)
@@ -290,7 +361,11 @@ def bindings(body: list[ast.stmt], parameters: ast.arguments | None = None
             continue
         if isinstance(node, ast.Lambda):
             continue
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             bound.setdefault(node.targets[0].id, []).append(node.value)
             pending.append(node.value)
             continue

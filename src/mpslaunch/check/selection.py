@@ -49,7 +49,9 @@ def triggers() -> tuple[str, ...]:
     return tuple(sorted({*ALWAYS, *(word for rule in registry.RULES for word in rule.words)}))
 
 
-_VARIABLES = re.compile(r"environ|getenv|putenv|unsetenv")  # what reads or sets an environment variable
+_VARIABLES = re.compile(
+    r"environ|getenv|putenv|unsetenv"
+)  # what reads or sets an environment variable
 
 
 class Lines(namedtuple("Lines", "wanted variables")):
@@ -63,10 +65,16 @@ class Lines(namedtuple("Lines", "wanted variables")):
 def sets_a_variable() -> tuple[re.Pattern, re.Pattern]:
     """What a line that sets an environment variable looks like (environment.py): one that sets
     a named one, and one that may set any of them. Compiled only for a text that names environ."""
-    return (re.compile(r"""environ\[\s*["'](\w+)["']\s*\]\s*(?:=(?!=)|[-+]=)"""
-                       r"""|environ\.(?:setdefault|pop)\(\s*["'](\w+)["']|\bdel\s+[\w.]*environ\[\s*["'](\w+)["']"""),
-            re.compile(r"""environ\.(?:update|clear|popitem)\(|\b(?:putenv|unsetenv)\(|\benviron\s*=(?!=)"""
-                       r"""|environ\[(?!\s*["'])[^\]\n]*\]\s*=(?!=)"""))
+    return (
+        re.compile(
+            r"""environ\[\s*["'](\w+)["']\s*\]\s*(?:=(?!=)|[-+]=)"""
+            r"""|environ\.(?:setdefault|pop)\(\s*["'](\w+)["']|\bdel\s+[\w.]*environ\[\s*["'](\w+)["']"""
+        ),
+        re.compile(
+            r"""environ\.(?:update|clear|popitem)\(|\b(?:putenv|unsetenv)\(|\benviron\s*=(?!=)"""
+            r"""|environ\[(?!\s*["'])[^\]\n]*\]\s*=(?!=)"""
+        ),
+    )
 
 
 @lru_cache(maxsize=4)
@@ -86,18 +94,30 @@ def lines_of(text: str) -> Lines:
             names.update(_RENAMED.findall(line))
     names.update(_MODULE_LITERAL.findall(text))  # `device = "cuda"`, then `.to(device)`
     newlines = _newlines(text)
-    wanted = {bisect.bisect_left(newlines, match.start()) + 1
-              for match in _pattern(words, tuple(sorted(names))).finditer(text)}
+    wanted = {
+        bisect.bisect_left(newlines, match.start()) + 1
+        for match in _pattern(words, tuple(sorted(names))).finditer(text)
+    }
     # an import inside a function: the module it reads is checked too
-    wanted.update(bisect.bisect_left(newlines, match.start()) + 1
-                  for match in _IMPORT_LINE.finditer(text) if match.group().startswith((" ", "\t")))
+    wanted.update(
+        bisect.bisect_left(newlines, match.start()) + 1
+        for match in _IMPORT_LINE.finditer(text)
+        if match.group().startswith((" ", "\t"))
+    )
     variables = []
     if "environ" in text or "getenv" in text or "putenv" in text:
-        variables = sorted({bisect.bisect_left(newlines, match.start()) + 1 for match in _VARIABLES.finditer(text)})
-        texts = text.split("\n")  # a variable set: whether the plan still decides it depends on where
+        variables = sorted(
+            {bisect.bisect_left(newlines, match.start()) + 1 for match in _VARIABLES.finditer(text)}
+        )
+        texts = text.split(
+            "\n"
+        )  # a variable set: whether the plan still decides it depends on where
         sets_one, sets_any = sets_a_variable()
-        wanted.update(line for line in variables if sets_one.search(texts[line - 1])
-                      or sets_any.search(texts[line - 1]))
+        wanted.update(
+            line
+            for line in variables
+            if sets_one.search(texts[line - 1]) or sets_any.search(texts[line - 1])
+        )
     return Lines(sorted(wanted), variables)
 
 
@@ -114,7 +134,9 @@ def import_lines(text: str) -> list[int]:
 def line_numbers(text: str, pattern: re.Pattern) -> list[int]:
     """The sorted numbers of the lines where pattern matches."""
     newlines = _newlines(text)
-    return sorted({bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)})
+    return sorted(
+        {bisect.bisect_left(newlines, match.start()) + 1 for match in pattern.finditer(text)}
+    )
 
 
 def module_literal_names(text: str) -> frozenset[str]:
@@ -123,7 +145,7 @@ def module_literal_names(text: str) -> frozenset[str]:
 
 
 def file_name(text: str) -> bool:
-    """"ckpt.pt", "saved/%s_%d.pth": enough of a name to tell one file from another (not ".pt")."""
+    """ "ckpt.pt", "saved/%s_%d.pth": enough of a name to tell one file from another (not ".pt")."""
     if text.startswith(".") and "/" not in text:
         return False
     return len(text.strip("./")) >= 4 and _LETTER.search(text) is not None
@@ -149,11 +171,11 @@ def selected_source(text: str, words: str, wanted: list[int]) -> tuple[str, list
     lines, spelled = text.split("\n"), words.split("\n")
     ends = [start for start, _ in starts[1:]] + [len(lines) + 1]
     blanked: list[str] = []
-    for (first, definition), end in zip(starts, ends):
+    for (first, definition), end in zip(starts, ends, strict=True):
         index = bisect.bisect_left(wanted, first)
         if definition and not (index < len(wanted) and wanted[index] < end):
-            blanked += _DEFINED.findall("\n".join(spelled[first - 1:end - 1]))
-            lines[first - 1:end - 1] = [""] * (end - first)
+            blanked += _DEFINED.findall("\n".join(spelled[first - 1 : end - 1]))
+            lines[first - 1 : end - 1] = [""] * (end - first)
     return "\n".join(lines), blanked
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 
-from mpslaunch import record
+from mpslaunch import Record, record
 
 
 @record
-class Target:
+class Target(Record):
     device: str  # "mps", "cuda" or "cpu"
     processes: int  # on all machines
     system: str  # "Darwin", "Linux", "Windows"

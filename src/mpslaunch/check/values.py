@@ -20,6 +20,10 @@ from functools import cached_property
 
 from mpslaunch.check.environment import Environment
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()
 ENVIRON = type("Environ", (), {"__repr__": lambda self: "os.environ"})()  # the mapping itself
 _ENVIRONMENT_READS = ("os.getenv", "os.environ.get")
@@ -27,7 +31,12 @@ _CONVERSIONS = {"int": int, "str": str}
 _NONE = ast.Constant(None)  # the default of os.environ.get(name)
 _DEPTH = 12  # names bound to names: deeper than this is unknown (and cycles end)
 _PARTS = re.compile(r"[a-z]+")
-_DEVICE_PARTS = ("cuda", "device", "devices", "mps")  # a name whose value, unknown, reads the device
+_DEVICE_PARTS = (
+    "cuda",
+    "device",
+    "devices",
+    "mps",
+)  # a name whose value, unknown, reads the device
 _GPU_PARTS = ("gpu", "gpus")  # an option that, known, tells whether a GPU is used
 CUDA_TENSOR = re.compile(r"^torch\.cuda\.\w*Tensor$")
 # The answers of the device queries a script asks, by what the plan has.
@@ -38,15 +47,16 @@ _QUERIES = {
     "torch.backends.mps.is_available": lambda t: t.system == "Darwin",
     "torch.backends.mps.is_built": lambda t: t.system == "Darwin",
     "torch.accelerator.is_available": lambda t: t.device == "cuda" or t.system == "Darwin",
-    "torch.accelerator.current_accelerator": lambda t: (t.device if t.device == "cuda" else
-                                                        "mps" if t.system == "Darwin" else None),
+    "torch.accelerator.current_accelerator": lambda t: (
+        t.device if t.device == "cuda" else "mps" if t.system == "Darwin" else None
+    ),
 }
 
 
 class Values:
     """Evaluates expressions of the project's files on one target."""
 
-    def __init__(self, target, project):
+    def __init__(self, target, project) -> None:
         self.target, self.project = target, project
         self.environment = Environment(target.device, target.processes, project.facts)
         self._memo: dict[int, object] = {}
@@ -63,8 +73,11 @@ class Values:
         for facts in self.project.facts:
             for call in facts.option_calls:
                 if call.func.attr == "set_defaults":
-                    settled.update((k.arg, k.value.value if isinstance(k.value, ast.Constant) else UNKNOWN)
-                                   for k in call.keywords if k.arg)
+                    settled.update(
+                        (k.arg, k.value.value if isinstance(k.value, ast.Constant) else UNKNOWN)
+                        for k in call.keywords
+                        if k.arg
+                    )
                     continue
                 dest, default = _option(call)
                 if dest is not None:
@@ -106,37 +119,48 @@ class Values:
         return result
 
     def _value(self, node: ast.AST, scope) -> object:
-        kind = type(node)
-        if kind is ast.Constant:
+        if isinstance(node, ast.Constant):
             return node.value
-        if kind is ast.Name:
+        if isinstance(node, ast.Name):
             if self.qualified(node, scope) == "os.environ":
                 return ENVIRON
             bound, where = scope.lookup(node.id) if scope is not None else (None, None)
             return self.possible(bound, where) if isinstance(bound, ast.expr) else UNKNOWN
-        if kind is ast.Attribute:
+        if isinstance(node, ast.Attribute):
             return self._attribute(node, scope)
-        if kind is ast.UnaryOp and isinstance(node.op, ast.Not):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             operand = truth(self.possible(node.operand, scope))
             return UNKNOWN if operand is UNKNOWN else not operand
-        if kind is ast.UnaryOp and isinstance(node.op, ast.USub):  # -1, a default meaning "none"
+        if isinstance(node, ast.UnaryOp) and isinstance(
+            node.op, ast.USub
+        ):  # -1, a default meaning "none"
             return _converted(lambda number: -number, self.possible(node.operand, scope))
-        if kind is ast.BoolOp:
+        if isinstance(node, ast.BoolOp):
             return self._bool_op(node, scope)
-        if kind is ast.Compare and len(node.ops) == 1:
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
             left, right = self.possible(node.left, scope), self.possible(node.comparators[0], scope)
-            if right is ENVIRON and isinstance(node.ops[0], (ast.In, ast.NotIn)):  # "RANK" in os.environ
+            if right is ENVIRON and isinstance(
+                node.ops[0], (ast.In, ast.NotIn)
+            ):  # "RANK" in os.environ
                 seen = self.environment.seen(settled(left), read_at(node, scope))
                 return UNKNOWN if seen is None else seen.present == isinstance(node.ops[0], ast.In)
             return _compare(node.ops[0], left, right)
-        if kind is ast.Subscript and self.possible(node.value, scope) is ENVIRON:
+        if isinstance(node, ast.Subscript) and self.possible(node.value, scope) is ENVIRON:
             return self._read(node.slice, None, scope)
-        if kind is ast.IfExp:
+        if isinstance(node, ast.IfExp):
             test = truth(self.possible(node.test, scope))
-            return UNKNOWN if test is UNKNOWN else self.possible(node.body if test else node.orelse, scope)
-        if kind is ast.Call:
+            return (
+                UNKNOWN
+                if test is UNKNOWN
+                else self.possible(node.body if test else node.orelse, scope)
+            )
+        if isinstance(node, ast.Call):
             return self._call(node, scope)
-        if kind is ast.JoinedStr and node.values and isinstance(node.values[0], ast.Constant):
+        if (
+            isinstance(node, ast.JoinedStr)
+            and node.values
+            and isinstance(node.values[0], ast.Constant)
+        ):
             return Prefix(str(node.values[0].value))
         return UNKNOWN
 
@@ -176,16 +200,29 @@ class Values:
         if name in _QUERIES:
             return _QUERIES[name](self.target)
         func = node.func
-        if node.args and (name in _ENVIRONMENT_READS or isinstance(func, ast.Attribute) and func.attr == "get"
-                          and self.possible(func.value, scope) is ENVIRON):
+        if node.args and (
+            name in _ENVIRONMENT_READS
+            or isinstance(func, ast.Attribute)
+            and func.attr == "get"
+            and self.possible(func.value, scope) is ENVIRON
+        ):
             return self._read(node.args[0], node.args[1] if len(node.args) > 1 else _NONE, scope)
-        if name is None and isinstance(func, ast.Name) and func.id in _CONVERSIONS and len(node.args) == 1:
+        if (
+            name is None
+            and isinstance(func, ast.Name)
+            and func.id in _CONVERSIONS
+            and len(node.args) == 1
+        ):
             return _converted(_CONVERSIONS[func.id], self.possible(node.args[0], scope))
         if name == "torch.device" and node.args:
             first = self.possible(node.args[0], scope)
             return first if isinstance(first, str) else UNKNOWN
-        if isinstance(func, ast.Attribute) and func.attr == "format" and isinstance(func.value, ast.Constant) \
-                and isinstance(func.value.value, str):  # "cuda:{}".format(rank)
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "format"
+            and isinstance(func.value, ast.Constant)
+            and isinstance(func.value.value, str)
+        ):  # "cuda:{}".format(rank)
             return Prefix(func.value.value.split("{")[0])
         return UNKNOWN
 
@@ -218,19 +255,36 @@ class Values:
         for child in ast.walk(node):
             if isinstance(child, ast.Call) and self.qualified(child.func, scope) in _QUERIES:
                 return "device"
-            word = child.id if isinstance(child, ast.Name) else \
-                child.attr if isinstance(child, ast.Attribute) else None
+            word = (
+                child.id
+                if isinstance(child, ast.Name)
+                else child.attr
+                if isinstance(child, ast.Attribute)
+                else None
+            )
             if word is None:
                 continue
             parts = _PARTS.findall(word.lower())
-            if word in ("type", "is_cuda", "is_mps") or any(part in _DEVICE_PARTS for part in parts):
+            if word in ("type", "is_cuda", "is_mps") or any(
+                part in _DEVICE_PARTS for part in parts
+            ):
                 return "device"
             if any(part in _GPU_PARTS for part in parts):
                 found = "gpu"
-            if word in ("environ", "getenv") and self.qualified(child, scope) in ("os.environ", "os.getenv"):
+            if word in ("environ", "getenv") and self.qualified(child, scope) in (
+                "os.environ",
+                "os.getenv",
+            ):
                 found = found or "environment"
-            if isinstance(child, ast.Name) and depth < 3 and scope is not None \
-                    and (child.id in scope.facts.device_names or child.id in scope.facts.environment_names):
+            if (
+                isinstance(child, ast.Name)
+                and depth < 3
+                and scope is not None
+                and (
+                    child.id in scope.facts.device_names
+                    or child.id in scope.facts.environment_names
+                )
+            ):
                 bound, where = scope.lookup(child.id)
                 if isinstance(bound, ast.expr):
                     found = self.reads(bound, where, depth + 1) or found
@@ -280,34 +334,58 @@ def _converted(convert, value: object) -> object:
         return UNKNOWN
 
 
-def _compare(op: ast.cmpop, left: object, right: object) -> object:
+def _compare(op: ast.cmpop, left: Any, right: Any) -> object:
+    """The comparison of two of the script's values; a TypeError where the script's would fail."""
     if isinstance(left, Among) or isinstance(right, Among):
-        answers = {_compare(op, one, other) for one in (left if isinstance(left, Among) else (left,))
-                   for other in (right if isinstance(right, Among) else (right,))}
+        answers = {
+            _compare(op, one, other)
+            for one in (left if isinstance(left, Among) else (left,))
+            for other in (right if isinstance(right, Among) else (right,))
+        }
         return answers.pop() if len(answers) == 1 else UNKNOWN
-    if left is UNKNOWN or right is UNKNOWN or isinstance(left, Prefix) or isinstance(right, Prefix) \
-            or left is ENVIRON or right is ENVIRON:
+    if (
+        left is UNKNOWN
+        or right is UNKNOWN
+        or isinstance(left, Prefix)
+        or isinstance(right, Prefix)
+        or left is ENVIRON
+        or right is ENVIRON
+    ):
         return UNKNOWN
-    operations = {ast.Eq: lambda: left == right, ast.NotEq: lambda: left != right,
-                  ast.Is: lambda: left is right, ast.IsNot: lambda: left is not right,
-                  ast.In: lambda: left in right, ast.NotIn: lambda: left not in right,
-                  ast.Gt: lambda: left > right, ast.GtE: lambda: left >= right,
-                  ast.Lt: lambda: left < right, ast.LtE: lambda: left <= right}
+    operations = {
+        ast.Eq: lambda: left == right,
+        ast.NotEq: lambda: left != right,
+        ast.Is: lambda: left is right,
+        ast.IsNot: lambda: left is not right,
+        ast.In: lambda: left in right,
+        ast.NotIn: lambda: left not in right,
+        ast.Gt: lambda: left > right,
+        ast.GtE: lambda: left >= right,
+        ast.Lt: lambda: left < right,
+        ast.LtE: lambda: left <= right,
+    }
     operation = operations.get(type(op))
     return UNKNOWN if operation is None else operation()
 
 
 def _option(call: ast.Call) -> tuple[str | None, object]:
     """(dest, default) of parser.add_argument(...)."""
-    names = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    names = [
+        arg.value
+        for arg in call.args
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    ]
     keywords = {keyword.arg: keyword.value for keyword in call.keywords if keyword.arg}
-    if "dest" in keywords and isinstance(keywords["dest"], ast.Constant):
-        dest = keywords["dest"].value
+    dest_node = keywords.get("dest")
+    if isinstance(dest_node, ast.Constant) and isinstance(dest_node.value, str):
+        dest: str | None = dest_node.value
     else:
         long = [name for name in names if name.startswith("--")] or names
         dest = long[0].lstrip("-").replace("-", "_") if long else None
-    action = keywords.get("action")
-    action = action.value if isinstance(action, ast.Constant) else None
+    action_node = keywords.get("action")
+    action = action_node.value if isinstance(action_node, ast.Constant) else ""
+    if not isinstance(action, str):
+        action = ""
     if "required" in keywords and getattr(keywords["required"], "value", False) is True:
         return dest, UNKNOWN
     if "default" in keywords:

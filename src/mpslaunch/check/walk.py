@@ -17,6 +17,10 @@ from dataclasses import replace
 from mpslaunch.check.scan import DEFINITION_NODES, FUNCTION_NODES, FileFacts, Project, Scope, Where
 from mpslaunch.check.values import ENVIRON, UNKNOWN, read_at
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 
 def walk_project(project: Project, rules) -> None:
     """Hand each call of the project's files that can run to rules.call, and each if and
@@ -28,12 +32,15 @@ def walk_project(project: Project, rules) -> None:
 # ---------------------------------------------------------------- the main guard
 
 
-def is_main_guard(node: ast.AST) -> bool:
+def is_main_guard(node: ast.AST) -> TypeGuard[ast.If]:
     """`if __name__ == "__main__":` (either way round, or and-ed with more conditions)."""
     if not isinstance(node, ast.If):
         return False
-    tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) \
+    tests = (
+        node.test.values
+        if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)
         else [node.test]
+    )
     return any(_is_main_test(test) for test in tests)
 
 
@@ -41,14 +48,16 @@ def _is_main_test(test: ast.expr) -> bool:
     if not isinstance(test, ast.Compare):
         return False
     sides = [test.left, *test.comparators]
-    return (len(sides) == 2 and isinstance(test.ops[0], ast.Eq)
-            and any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
-            and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides))
+    return (
+        len(sides) == 2
+        and isinstance(test.ops[0], ast.Eq)
+        and any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+        and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides)
+    )
 
 
 def has_main_guard(tree: ast.Module) -> bool:
     return any(is_main_guard(statement) for statement in tree.body)
-
 
 
 # ---------------------------------------------------------------- what runs at import
@@ -66,7 +75,9 @@ def runs_at_import(tree: ast.Module) -> set[str]:
         if name in reached:
             continue
         reached.add(name)
-        waiting += [used for used in _names_in(defined[name]) if used in defined and used not in reached]
+        waiting += [
+            used for used in _names_in(defined[name]) if used in defined and used not in reached
+        ]
     return reached
 
 
@@ -76,11 +87,16 @@ def _module_level_names(body: list[ast.stmt]) -> set[str]:
         if is_main_guard(statement):
             parts: list[ast.AST] = list(statement.orelse)
         elif isinstance(statement, FUNCTION_NODES):
-            parts = [*statement.decorator_list, *statement.args.defaults,
-                     *[d for d in statement.args.kw_defaults if d is not None]]
+            parts = [
+                *statement.decorator_list,
+                *statement.args.defaults,
+                *[d for d in statement.args.kw_defaults if d is not None],
+            ]
         elif isinstance(statement, ast.ClassDef):
             parts = [*statement.decorator_list, *statement.bases, *statement.keywords]
-            names |= _module_level_names([s for s in statement.body if not isinstance(s, FUNCTION_NODES)])
+            names |= _module_level_names(
+                [s for s in statement.body if not isinstance(s, FUNCTION_NODES)]
+            )
         else:
             parts = [statement]
         for part in parts:
@@ -107,9 +123,18 @@ class _Walker:
     def run(self) -> None:
         tree = self.facts.source.tree
         scope = Scope(tree.body, None, None, left_out=self.facts.source.left_out, facts=self.facts)
-        self.body(tree.body, Where(self.facts, scope, self.values, at_import=self.unguarded), top_level=True)
+        self.body(
+            tree.body,
+            Where(self.facts, scope, self.values, at_import=self.unguarded),
+            top_level=True,
+        )
 
-    def body(self, statements: Iterable[ast.AST], where: Where, top_level: bool = False) -> None:
+    def body(
+        self,
+        statements: Iterable[ast.stmt | ast.ExceptHandler],
+        where: Where,
+        top_level: bool = False,
+    ) -> None:
         for statement in statements:
             if top_level and is_main_guard(statement):
                 if self.is_script:  # an imported module's main block does not run
@@ -120,32 +145,40 @@ class _Walker:
             if self.ends_block(statement, where):
                 return
 
-    def statement(self, node: ast.AST, where: Where, top_level: bool = False) -> None:
+    def statement(
+        self, node: ast.stmt | ast.ExceptHandler, where: Where, top_level: bool = False
+    ) -> None:
         first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
         if self.facts.touches(first, node.end_lineno or node.lineno):
             self.node(node, where, top_level)
 
     def node(self, node: ast.AST, where: Where, top_level: bool = False) -> None:
-        kind = type(node)
-        if kind is ast.Call:
+        if isinstance(node, ast.Call):
             self.rules.call(node, where)
             for child in ast.iter_child_nodes(node):
                 self.node(child, where)
-        elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             self.function(node, where, top_level)
-        elif kind is ast.ClassDef:
+        elif isinstance(node, ast.ClassDef):
             self.cls(node, where, top_level)
-        elif kind in (ast.If, ast.While, ast.IfExp):
+        elif isinstance(node, (ast.If, ast.While, ast.IfExp)):
             self.conditional(node, where)
-        elif kind is ast.BoolOp:
+        elif isinstance(node, ast.BoolOp):
             self.bool_op(node, where)
-        elif kind in (ast.Try, getattr(ast, "TryStar", ast.Try)):
+        elif isinstance(node, _TRY_NODES):
             caught = " ".join(_caught(handler) for handler in node.handlers)
-            self.body(node.body, replace(where, caught=f"{where.caught} {caught}") if caught else where)
-            for part in (*node.handlers, *node.orelse, *node.finalbody):
+            self.body(
+                node.body, replace(where, caught=f"{where.caught} {caught}") if caught else where
+            )
+            parts: list[ast.stmt | ast.ExceptHandler] = [
+                *node.handlers,
+                *node.orelse,
+                *node.finalbody,
+            ]
+            for part in parts:
                 self.statement(part, where)
-        elif isinstance(node, ast.stmt) or kind is ast.ExceptHandler:
-            if hasattr(node, "body") and kind is not ast.ExceptHandler:  # with, for
+        elif isinstance(node, (ast.stmt, ast.ExceptHandler)):
+            if hasattr(node, "body") and not isinstance(node, ast.ExceptHandler):  # with, for
                 for child in ast.iter_child_nodes(node):
                     if not isinstance(child, ast.stmt):
                         self.node(child, where)
@@ -163,7 +196,7 @@ class _Walker:
 
     def conditional(self, node: ast.If | ast.While | ast.IfExp, where: Where) -> None:
         self.node(node.test, where)
-        for part, place in zip((node.body, node.orelse), self.branches(node, where)):
+        for part, place in zip((node.body, node.orelse), self.branches(node, where), strict=True):
             if place is None:
                 continue
             if isinstance(part, list):
@@ -171,7 +204,9 @@ class _Walker:
             else:
                 self.node(part, place)
 
-    def branches(self, node: ast.If | ast.While | ast.IfExp, where: Where) -> tuple[Where | None, Where | None]:
+    def branches(
+        self, node: ast.If | ast.While | ast.IfExp, where: Where
+    ) -> tuple[Where | None, Where | None]:
         """The places of the branch taken when the test holds and of the other; None for a
         branch the plan never takes."""
         self.rules.branch(node, where)
@@ -214,7 +249,13 @@ class _Walker:
             else:
                 self.statement(statement, inner)
 
-    def function(self, node: ast.AST, where: Where, top_level: bool, method: bool = False) -> None:
+    def function(
+        self,
+        node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
+        where: Where,
+        top_level: bool,
+        method: bool = False,
+    ) -> None:
         if isinstance(node, ast.Lambda):
             scope = Scope([], node.args, node, where.scope)
             self.node(node.body, replace(where, scope=scope))
@@ -229,7 +270,7 @@ class _Walker:
         scope = Scope(node.body, node.args, node, where.scope)
         self.body(node.body, replace(where, scope=scope, at_import=at_import))
 
-    def is_dead(self, node: ast.AST) -> bool:
+    def is_dead(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
         """Defined, never named anywhere in the files read, and not decorated (a decorator
         may register it): it never runs."""
         return not node.decorator_list and not self.project.is_named(node.name)
@@ -241,28 +282,48 @@ def stops(statement: ast.AST, where: Where) -> bool:
     decides is false); an if/elif/else whose every branch the plan may take stops; a statement
     that always raises there (raises: a division by torch.cuda.device_count() without CUDA,
     os.environ["RANK"] where the plan removes RANK)."""
-    kind = type(statement)
-    if kind in _ASSIGNMENTS:  # the most common: looked at only on a line that may raise
-        return statement.value is not None and where.facts.may_raise(statement) and raises(statement.value, where)
-    if kind is ast.Expr:
-        return _exits(statement.value) or where.facts.may_raise(statement) and raises(statement.value, where)
-    if kind in _STOPPERS:
+    if isinstance(
+        statement, _ASSIGNMENTS
+    ):  # the most common: looked at only on a line that may raise
+        return (
+            statement.value is not None
+            and where.facts.may_raise(statement)
+            and raises(statement.value, where)
+        )
+    if isinstance(statement, ast.Expr):
+        return (
+            _exits(statement.value)
+            or where.facts.may_raise(statement)
+            and raises(statement.value, where)
+        )
+    if isinstance(statement, _STOPPERS):
         return True
-    if kind is ast.If:
+    if isinstance(statement, ast.If):
         if where.facts.may_raise(statement.test) and raises(statement.test, where):
             return True
         value, reads = where.values.test(statement.test, where.scope)
-        taken = (statement.body, statement.orelse) if value is UNKNOWN or reads is None else \
-            (statement.body if value else statement.orelse,)
+        taken = (
+            (statement.body, statement.orelse)
+            if value is UNKNOWN or reads is None
+            else (statement.body if value else statement.orelse,)
+        )
         return all(any(stops(inner, where) for inner in part) for part in taken)
-    if kind is ast.Assert:
+    if isinstance(statement, ast.Assert):
         value, reads = where.values.test(statement.test, where.scope)
-        return reads == "device" and value is not True or reads is not None and value is False \
-            or where.facts.may_raise(statement) and raises(statement.test, where)
+        return (
+            reads == "device"
+            and value is not True
+            or reads is not None
+            and value is False
+            or where.facts.may_raise(statement)
+            and raises(statement.test, where)
+        )
     return False
 
 
 _ASSIGNMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign)
+# try, and try/except* from Python 3.11, which has try's fields
+_TRY_NODES: tuple[type[ast.Try], ...] = (ast.Try, getattr(ast, "TryStar", ast.Try))
 _STOPPERS = (ast.Raise, ast.Return, ast.Continue, ast.Break)
 
 
@@ -274,12 +335,17 @@ def raises(node: ast.AST, where: Where) -> bool:
     for child in _always_evaluated(node):
         if isinstance(child, ast.BinOp) and isinstance(child.op, (ast.Div, ast.FloorDiv, ast.Mod)):
             right = values.possible(child.right, scope)
-            formats = isinstance(child.op, ast.Mod) and (isinstance(child.left, (ast.Constant, ast.JoinedStr))
-                                                         or isinstance(values.possible(child.left, scope), str))
+            formats = isinstance(child.op, ast.Mod) and (
+                isinstance(child.left, (ast.Constant, ast.JoinedStr))
+                or isinstance(values.possible(child.left, scope), str)
+            )
             if type(right) in (int, float) and right == 0 and not formats:
                 return True
-        elif isinstance(child, ast.Subscript) and isinstance(child.ctx, ast.Load) \
-                and values.possible(child.value, scope) is ENVIRON:
+        elif (
+            isinstance(child, ast.Subscript)
+            and isinstance(child.ctx, ast.Load)
+            and values.possible(child.value, scope) is ENVIRON
+        ):
             seen = values.environment.seen(values.value(child.slice, scope), read_at(child, scope))
             if seen is not None and not seen.present:
                 return True
@@ -293,7 +359,9 @@ def _always_evaluated(node: ast.AST):
     while pending:
         child = pending.pop()
         yield child
-        if isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        if isinstance(
+            child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+        ):
             continue
         if isinstance(child, ast.BoolOp):
             pending.append(child.values[0])
@@ -301,8 +369,14 @@ def _always_evaluated(node: ast.AST):
             pending.append(child.test)
         elif isinstance(child, ast.Compare):
             pending += [child.left, child.comparators[0]]
-        elif isinstance(child, (ast.expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.keyword)):
-            pending += [inner for inner in ast.iter_child_nodes(child) if isinstance(inner, (ast.expr, ast.keyword))]
+        elif isinstance(
+            child, (ast.expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.keyword)
+        ):
+            pending += [
+                inner
+                for inner in ast.iter_child_nodes(child)
+                if isinstance(inner, (ast.expr, ast.keyword))
+            ]
 
 
 def _exits(node: ast.expr) -> bool:
@@ -316,5 +390,6 @@ def _caught(handler: ast.ExceptHandler) -> str:
     if handler.type is None:
         return "*"
     names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return " ".join(name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "*")
-                    for name in names)
+    return " ".join(
+        name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "*") for name in names
+    )

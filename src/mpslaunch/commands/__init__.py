@@ -29,12 +29,27 @@ EPILOG = "Run `mpslaunch COMMAND --help` for a command's options and examples."
 
 # name -> (module, one-line help). Only the chosen command's module is imported.
 COMMANDS = {
-    "config": ("mpslaunch.commands.config", "write a profile (questionnaire or --default), or show one"),
-    "launch": ("mpslaunch.commands.launch", "run a training script on the device this machine should use"),
+    "config": (
+        "mpslaunch.commands.config",
+        "write a profile (questionnaire or --default), or show one",
+    ),
+    "launch": (
+        "mpslaunch.commands.launch",
+        "run a training script on the device this machine should use",
+    ),
     "env": ("mpslaunch.commands.env", "print a block of facts to paste into a bug report"),
-    "bench": ("mpslaunch.commands.bench", "measure whether the accelerator beats the CPU for your sizes"),
-    "test": ("mpslaunch.commands.test", "check, through the real launch path, that the plan works here"),
-    "check": ("mpslaunch.commands.check", "read a script (never run it) for what will break it on this plan"),
+    "bench": (
+        "mpslaunch.commands.bench",
+        "measure whether the accelerator beats the CPU for your sizes",
+    ),
+    "test": (
+        "mpslaunch.commands.test",
+        "check, through the real launch path, that the plan works here",
+    ),
+    "check": (
+        "mpslaunch.commands.check",
+        "read a script (never run it) for what will break it on this plan",
+    ),
 }
 
 
@@ -42,9 +57,18 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with the nearest known option and where to look)
     and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
 
+    command_parser: argparse.ArgumentParser  # the chosen command's, once build_parser adds it
+
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **{"allow_abbrev": False, "exit_on_error": False,
-                                   "formatter_class": HelpFormatter, **kwargs})
+        super().__init__(
+            *args,
+            **{
+                "allow_abbrev": False,
+                "exit_on_error": False,
+                "formatter_class": HelpFormatter,
+                **kwargs,
+            },
+        )
 
     def parse_known_args(self, args=None, namespace=None):
         try:
@@ -60,17 +84,22 @@ class OneLineParser(argparse.ArgumentParser):
         """' (did you mean --mixed_precision?)' for the unknown options in an argparse message."""
         if not message.startswith("unrecognized arguments: "):
             return ""
-        words = [word.split("=", 1)[0] for word in message.split(": ", 1)[1].split()
-                 if word.startswith("--")]
+        words = [
+            word.split("=", 1)[0]
+            for word in message.split(": ", 1)[1].split()
+            if word.startswith("--")
+        ]
         # An option of this command that it did not take was given before the command's name.
         misplaced = [word for word in words if word in self._option_string_actions]
         if misplaced:
             names, one = " ".join(misplaced), len(misplaced) == 1
-            return (f" ({names} {'is an option' if one else 'are options'} of `{self.prog}`: "
-                    f"give {'it' if one else 'them'} after `{self.prog.split()[-1]}`, as in "
-                    f"`{self.prog} {names} ...`)")
-        found = [_nearest(word, self._option_string_actions) for word in words]
-        found = list(dict.fromkeys(name for name in found if name))
+            return (
+                f" ({names} {'is an option' if one else 'are options'} of `{self.prog}`: "
+                f"give {'it' if one else 'them'} after `{self.prog.split()[-1]}`, as in "
+                f"`{self.prog} {names} ...`)"
+            )
+        nearest = [_nearest(word, self._option_string_actions) for word in words]
+        found = list(dict.fromkeys(name for name in nearest if name))
         return f" (did you mean {' or '.join(found)}?)" if found else ""
 
 
@@ -93,7 +122,7 @@ def _nearest(word: str, options) -> str | None:
     def plain(name: str) -> str:
         return name.lstrip("-").replace("-", "_")
 
-    spellings = {}
+    spellings: dict[str, str] = {}
     for name in options:  # the underscore spelling first (settings/flags.py adds it first)
         if name.startswith("--"):
             spellings.setdefault(plain(name), name)
@@ -101,18 +130,22 @@ def _nearest(word: str, options) -> str | None:
     started = [key for key in spellings if key.startswith(wanted)]
     if len(started) == 1:
         return spellings[started[0]]
-    close = difflib.get_close_matches(wanted, started or spellings, n=1, cutoff=0 if started else 0.6)
+    close = difflib.get_close_matches(
+        wanted, started or spellings, n=1, cutoff=0 if started else 0.6
+    )
     return spellings[close[0]] if close else None
 
 
 def build_parser(command: str | None) -> OneLineParser:
     description, examples = _split_help(HELP)
-    parser = OneLineParser(prog="mpslaunch", description=description,
-                           epilog=f"{examples}\n\n{EPILOG}")
+    parser = OneLineParser(
+        prog="mpslaunch", description=description, epilog=f"{examples}\n\n{EPILOG}"
+    )
     parser.add_argument("--version", action="version", version=f"mpslaunch {__version__}")
     # prog given: argparse would otherwise build a help formatter (and import shutil) to find it.
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
-                                     prog="mpslaunch")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", title="commands", prog="mpslaunch"
+    )
     if command in COMMANDS:
         # Only the chosen command: building a parser per command costs time on every launch.
         module_name, help_text = COMMANDS[command]
@@ -147,13 +180,19 @@ def _main(argv: list[str] | None) -> int:
         guard_standard_streams()
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), None)
-    if command not in (None, *COMMANDS) and not {"-h", "--help", "--version"} & set(argv):
+    if (
+        command is not None
+        and command not in COMMANDS
+        and not {"-h", "--help", "--version"} & set(argv)
+    ):
         output.error(unknown_command(argv, command))
         return 2
     parser = build_parser(command)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own parser names the nearest option and its own --help
-        getattr(parser, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        getattr(parser, "command_parser", parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
@@ -172,26 +211,37 @@ def unknown_command(argv: list[str], word: str) -> str:
 
     at = argv.index(word)
     if word.endswith(".py") or os.path.isfile(word):
-        meant = ["launch", *argv]
+        meant: list[str] | None = ["launch", *argv]
     else:
         close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
-        meant = [*argv[:at], close[0], *argv[at + 1:]] if close else None
+        meant = [*argv[:at], close[0], *argv[at + 1 :]] if close else None
     listed = f"the commands are {', '.join(COMMANDS)} (see `mpslaunch --help`)"
     if meant is None:
         return f"unknown command {word!r}; {listed}"
-    return (f"unknown command {word!r} (did you mean `{output.shell_words(['mpslaunch', *meant])}`?); "
-            f"{listed}")
+    return (
+        f"unknown command {word!r} (did you mean `{output.shell_words(['mpslaunch', *meant])}`?); "
+        f"{listed}"
+    )
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help for people: one spelling per option (the dash form of an underscore option is
     accepted but not shown), and a one-line usage: `PROG [options] POSITIONALS`."""
 
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None):
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ):
         # argparse makes a formatter for every add_argument; its own width lookup imports shutil.
-        super().__init__(prog, indent_increment, max_help_position,
-                         width if width is not None else _terminal_columns() - 2)
+        super().__init__(
+            prog,
+            indent_increment,
+            max_help_position,
+            width if width is not None else _terminal_columns() - 2,
+        )
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         shown = [name for name in action.option_strings if not _hidden_alias(name, action)]
@@ -204,8 +254,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if usage is None:
             positionals = [action for action in actions if not action.option_strings]
             words = self._format_actions_usage(positionals, groups).strip()
-            usage = " ".join(["%(prog)s", *(["[options]"] if len(positionals) < len(actions) else []),
-                              *([words] if words else [])])
+            usage = " ".join(
+                [
+                    "%(prog)s",
+                    *(["[options]"] if len(positionals) < len(actions) else []),
+                    *([words] if words else []),
+                ]
+            )
         return super()._format_usage(usage, actions, groups, prefix)
 
 
@@ -215,6 +270,8 @@ def _terminal_columns() -> int:
         return int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
         pass
+    if sys.__stdout__ is None:  # Python started without a standard output
+        return 80
     try:
         return os.get_terminal_size(sys.__stdout__.fileno()).columns
     except (AttributeError, ValueError, OSError):
@@ -223,4 +280,6 @@ def _terminal_columns() -> int:
 
 def _hidden_alias(name: str, action: argparse.Action) -> bool:
     """The dash spelling of an option whose underscore spelling is also there."""
-    return "-" in name[2:] and name.replace("-", "_").replace("__", "--", 1) in action.option_strings
+    return (
+        "-" in name[2:] and name.replace("-", "_").replace("__", "--", 1) in action.option_strings
+    )

@@ -12,9 +12,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpslaunch import machine as machine_probe, output
-from mpslaunch.output import MpslaunchError
+from mpslaunch import machine as machine_probe
+from mpslaunch import output
 from mpslaunch.machine import Machine
+from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import add_option
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096, 8192)
@@ -39,32 +40,79 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to measure")
-    add_option(what, "--workload", default="all", metavar="LIST",
-               help=f"comma-separated workloads among {', '.join(WORKLOADS)}, or all "
-               "(default: %(default)s)")
-    add_option(what, "--sizes", default=",".join(map(str, DEFAULT_SIZES)), metavar="LIST",
-               help="matrix sizes m for matvec and matmul (default: %(default)s)")
-    add_option(what, "--batch_sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-               metavar="LIST", help="batch sizes for train (default: %(default)s)")
-    add_option(what, "--dtype", default="float32", metavar="LIST",
-               help="comma-separated dtypes among float32, bfloat16, float16 "
-               "(default: %(default)s)")
-    where = parser.add_argument_group("where to measure (default: cpu and every accelerator present)")
-    add_option(where, "--devices", metavar="LIST", help="comma-separated devices among cpu, mps, cuda")
+    add_option(
+        what,
+        "--workload",
+        default="all",
+        metavar="LIST",
+        help=f"comma-separated workloads among {', '.join(WORKLOADS)}, or all "
+        "(default: %(default)s)",
+    )
+    add_option(
+        what,
+        "--sizes",
+        default=",".join(map(str, DEFAULT_SIZES)),
+        metavar="LIST",
+        help="matrix sizes m for matvec and matmul (default: %(default)s)",
+    )
+    add_option(
+        what,
+        "--batch_sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        metavar="LIST",
+        help="batch sizes for train (default: %(default)s)",
+    )
+    add_option(
+        what,
+        "--dtype",
+        default="float32",
+        metavar="LIST",
+        help="comma-separated dtypes among float32, bfloat16, float16 (default: %(default)s)",
+    )
+    where = parser.add_argument_group(
+        "where to measure (default: cpu and every accelerator present)"
+    )
+    add_option(
+        where, "--devices", metavar="LIST", help="comma-separated devices among cpu, mps, cuda"
+    )
     add_option(where, "--cpu", action="store_true", help="measure the cpu only")
     timing = parser.add_argument_group("how long")
-    add_option(timing, "--repeats", type=int, default=7, metavar="N",
-               help="timed samples per point (default: %(default)s)")
-    add_option(timing, "--warmup", type=int, default=2, metavar="N",
-               help="untimed calls before the samples (default: %(default)s)")
-    add_option(timing, "--budget", type=float, default=5.0, metavar="SECONDS",
-               help="time for the samples of one slow point; at least 3 samples are always "
-               "taken (default: %(default)g)")
+    add_option(
+        timing,
+        "--repeats",
+        type=int,
+        default=7,
+        metavar="N",
+        help="timed samples per point (default: %(default)s)",
+    )
+    add_option(
+        timing,
+        "--warmup",
+        type=int,
+        default=2,
+        metavar="N",
+        help="untimed calls before the samples (default: %(default)s)",
+    )
+    add_option(
+        timing,
+        "--budget",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="time for the samples of one slow point; at least 3 samples are always "
+        "taken (default: %(default)g)",
+    )
     output = parser.add_argument_group("output (default: a table on stdout)")
-    add_option(output, "--out", type=Path, metavar="DIR",
-               help="also write DIR/bench.csv and DIR/bench.png (made, and checked writable, before measuring)")
-    add_option(output, "--json", action="store_true",
-               help="print the results as JSON instead of the table")
+    add_option(
+        output,
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="also write DIR/bench.csv and DIR/bench.png (made, and checked writable, before measuring)",
+    )
+    add_option(
+        output, "--json", action="store_true", help="print the results as JSON instead of the table"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,9 +138,11 @@ def main(args: argparse.Namespace) -> int:
     if options.devices == ("cpu",) and not args.cpu and args.devices is None:
         # Said before the minutes of measuring, not after. The cpu table still answers how fast
         # this machine is at each size, a baseline to set against another machine's run.
-        output.warning("this machine has no usable accelerator (mps or cuda), so there is nothing "
-                       "to compare the cpu with; measuring the cpu alone (--cpu asks for that "
-                       "without this warning)")
+        output.warning(
+            "this machine has no usable accelerator (mps or cuda), so there is nothing "
+            "to compare the cpu with; measuring the cpu alone (--cpu asks for that "
+            "without this warning)"
+        )
     if args.out is not None:
         writable_folder(args.out)
     results, interrupted = run_all(options)
@@ -102,7 +152,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(bench_report.format_table(results, environment))
     if args.out is not None:
-        write_files(results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout)
+        write_files(
+            results, environment, args.out, report_to=sys.stderr if args.json else sys.stdout
+        )
     if interrupted:
         output.say("bench interrupted: the results above are partial")
         if still_measuring():
@@ -124,7 +176,9 @@ def parse_options(args: argparse.Namespace, machine: Machine) -> BenchOptions:
             "--repeats must be at least 1, --warmup at least 0 and --budget above 0 seconds, "
             f"at most {MAX_BUDGET_SECONDS} (a day for one point)"
         )
-    from mpslaunch.bench import devices as bench_devices  # imports torch: only once the cheap checks passed
+    from mpslaunch.bench import (
+        devices as bench_devices,  # imports torch: only once the cheap checks passed
+    )
 
     dtypes = tuple(dict.fromkeys(bench_devices.canonical_dtype(d) for d in _split(args.dtype)))
     if not dtypes:
@@ -136,8 +190,9 @@ def parse_options(args: argparse.Namespace, machine: Machine) -> BenchOptions:
     for device in devices:
         for dtype in dtypes:
             bench_devices.check_dtype_supported(device, dtype, machine)
-    return BenchOptions(workloads, sizes, batch_sizes, dtypes, devices,
-                        args.repeats, args.warmup, args.budget)
+    return BenchOptions(
+        workloads, sizes, batch_sizes, dtypes, devices, args.repeats, args.warmup, args.budget
+    )
 
 
 def _split(text: str) -> list[str]:
@@ -210,8 +265,9 @@ def run_all(options: BenchOptions):
 
     # disable=None: no bar when stderr is not a terminal (CI logs, pipes).
     with tqdm(plan, file=sys.stderr, disable=None, unit="run", leave=False) as bar:
-        threading.Thread(target=measure_all, args=(bar,), name="mpslaunch-bench",
-                         daemon=True).start()
+        threading.Thread(
+            target=measure_all, args=(bar,), name="mpslaunch-bench", daemon=True
+        ).start()
         try:
             while not finished.wait(0.1):
                 pass
@@ -251,14 +307,17 @@ def writable_folder(out: Path) -> None:
     import tempfile
 
     if out.exists() and not out.is_dir():
-        raise MpslaunchError(f"--out {out} is not a folder; pass a folder for bench.csv and bench.png")
+        raise MpslaunchError(
+            f"--out {out} is not a folder; pass a folder for bench.csv and bench.png"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".mpslaunch-bench-"):
             pass
     except OSError as error:
-        raise MpslaunchError(f"cannot write in the --out folder {out} ({error.strerror}); "
-                             "pass a writable folder") from None
+        raise MpslaunchError(
+            f"cannot write in the --out folder {out} ({error.strerror}); pass a writable folder"
+        ) from None
     for name in ("bench.csv", "bench.png"):
         if (out / name).is_dir():
             raise MpslaunchError(f"{out / name} is a folder; pass another --out folder")

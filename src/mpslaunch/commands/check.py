@@ -35,15 +35,25 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--device", choices=DEVICES,
-               help="check for this device (default: the plan launch would use here)")
-    add_option(parser, "--num_processes", type=int, metavar="N",
-               help="processes on this machine, as `launch --num_processes` counts them (default: "
-                    "the plan's; with --device, one machine is described)")
+    add_option(
+        parser,
+        "--device",
+        choices=DEVICES,
+        help="check for this device (default: the plan launch would use here)",
+    )
+    add_option(
+        parser,
+        "--num_processes",
+        type=int,
+        metavar="N",
+        help="processes on this machine, as `launch --num_processes` counts them (default: "
+        "the plan's; with --device, one machine is described)",
+    )
     add_option(parser, "--json", action="store_true", help="print the findings as JSON")
     add_table_options(parser, "profile", "config_file")
-    parser.add_argument("script", help="the training script (a .py file, or a folder with a "
-                                        "__main__.py)")
+    parser.add_argument(
+        "script", help="the training script (a .py file, or a folder with a __main__.py)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -70,7 +80,9 @@ def target_from_args(args: argparse.Namespace) -> Target:
     loaded = profile_files.read_active(args.config_file, args.profile)
     elsewhere = _for_another_machine(loaded.profile)
     if elsewhere:  # a profile for a Mac, read on Linux: the check needs no such machine
-        processes = (args.num_processes or loaded.profile.num_processes or 1) * loaded.profile.num_machines
+        processes = (
+            args.num_processes or loaded.profile.num_processes or 1
+        ) * loaded.profile.num_machines
         return _described(elsewhere, processes, f"the profile {loaded.path} asks for mps")
     request = LaunchRequest(args.script, num_processes=args.num_processes)
     plan = launcher.prepare(request, target_is_file=False, loaded=loaded)
@@ -81,9 +93,11 @@ def _described(device: str, processes: int, asked: str) -> Target:
     from mpslaunch.check import described_target
 
     if device == "mps" and processes > 1:
-        raise MpslaunchError(f"{asked} with {processes} processes, but mps runs one process (a Mac "
-                             "has one GPU, and the distributed backends take no mps tensors); "
-                             "check --device cpu for several")
+        raise MpslaunchError(
+            f"{asked} with {processes} processes, but mps runs one process (a Mac "
+            "has one GPU, and the distributed backends take no mps tensors); "
+            "check --device cpu for several"
+        )
     return described_target(device, processes, os.uname().sysname)
 
 

@@ -17,12 +17,24 @@ from typing import Any
 
 from mpslaunch import __version__
 from mpslaunch import machine as machine_probe
-from mpslaunch.output import MpslaunchError, one_line
-from mpslaunch.machine import (CHECK_TIMEOUT_SECONDS, Machine, SlurmVariableError, is_torchs_own,
-                               run_torch_check, slurm_allocation, slurm_step)
 from mpslaunch.launcher import prepare
-from mpslaunch.settings import (LaunchOptions, Profile, add_table_options, profile_files,
-                                unused_default_note)
+from mpslaunch.machine import (
+    CHECK_TIMEOUT_SECONDS,
+    Machine,
+    SlurmVariableError,
+    is_torchs_own,
+    run_torch_check,
+    slurm_allocation,
+    slurm_step,
+)
+from mpslaunch.output import MpslaunchError, one_line
+from mpslaunch.settings import (
+    LaunchOptions,
+    Profile,
+    add_table_options,
+    profile_files,
+    unused_default_note,
+)
 
 HELP = """\
 Print the facts a bug report needs, as a Markdown block to paste as it is: the
@@ -44,10 +56,16 @@ _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")  # never paste these into
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="print the facts as JSON instead of a Markdown block")
-    parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT_SECONDS, metavar="SECONDS",
-                        help="time limit for the torch and MPS check (default: %(default)g)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the facts as JSON instead of a Markdown block"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=CHECK_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="time limit for the torch and MPS check (default: %(default)g)",
+    )
     which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
     add_table_options(which, "profile", "config_file")
 
@@ -63,9 +81,18 @@ def main(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- gathering
 
 
-def gather(machine: Machine, environ: dict[str, str] | os._Environ, config_file: str | None,
-           profile_name: str | None, timeout: float = CHECK_TIMEOUT_SECONDS) -> dict[str, Any]:
-    torch_facts = run_torch_check(machine.python, timeout) if machine.torch_version else {"torch_error": "not installed"}
+def gather(
+    machine: Machine,
+    environ: dict[str, str] | os._Environ,
+    config_file: str | None,
+    profile_name: str | None,
+    timeout: float = CHECK_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    torch_facts = (
+        run_torch_check(machine.python, timeout)
+        if machine.torch_version
+        else {"torch_error": "not installed"}
+    )
     if machine.torch_version:
         machine = machine_probe.with_torch_facts(machine, torch_facts)  # cached on a Mac
     facts: dict[str, Any] = {
@@ -110,7 +137,9 @@ def kept_verdict(machine: Machine, torch_facts: dict[str, Any]) -> str:
     if machine.mps_answer is None:
         return "none: the check gave no answer in time; nothing was kept"
     if not is_torchs_own(torch_facts):
-        return f"none: the check could not ask torch ({machine.mps_answer.detail}); nothing was kept"
+        return (
+            f"none: the check could not ask torch ({machine.mps_answer.detail}); nothing was kept"
+        )
     return machine.mps_answer.describe()
 
 
@@ -136,8 +165,10 @@ def cuda_status(facts: dict[str, Any], machine: Machine) -> str:
         return f"{len(machine.cuda_devices)} NVIDIA GPU(s) visible to the driver; torch not checked"
     if not devices:
         return "no devices" + ("" if facts.get("torch_cuda") else " (torch is not a CUDA build)")
-    return "; ".join(f"{i}: {d['name']} (capability {d['capability']}, {d['memory_gib']} GiB)"
-                     for i, d in enumerate(devices))
+    return "; ".join(
+        f"{i}: {d['name']} (capability {d['capability']}, {d['memory_gib']} GiB)"
+        for i, d in enumerate(devices)
+    )
 
 
 def slurm_status(environ) -> str:
@@ -161,15 +192,20 @@ def relevant_environment(environ) -> dict[str, str]:
     return found
 
 
-def profile_facts(machine: Machine, environ, config_file: str | None,
-                  profile_name: str | None) -> dict[str, Any]:
+def profile_facts(
+    machine: Machine, environ, config_file: str | None, profile_name: str | None
+) -> dict[str, Any]:
     """The profile in force and what `launch` would choose with it on `machine` (whose mps verdict
     the check above has just given)."""
     try:
         loaded = profile_files.read_active(config_file, profile_name)
     except MpslaunchError as error:
-        return {"profile_path": None, "profile": f"unreadable: {error}",
-                "launcher_choice": "none: no profile", "launcher_warnings": []}
+        return {
+            "profile_path": None,
+            "profile": f"unreadable: {error}",
+            "launcher_choice": "none: no profile",
+            "launcher_warnings": [],
+        }
     profile, path = loaded.profile, loaded.path
     values = profile.to_dict() if path else "none: defaults"
     try:
@@ -177,21 +213,36 @@ def profile_facts(machine: Machine, environ, config_file: str | None,
         choice, warnings = decision.choice(), list(decision.warnings)
     except MpslaunchError as error:
         choice, warnings = f"refuses: {error}", []
-    return {"profile_path": str(path) if path else None, "profile": values,
-            "launcher_choice": choice, "launcher_warnings": warnings}
+    return {
+        "profile_path": str(path) if path else None,
+        "profile": values,
+        "launcher_choice": choice,
+        "launcher_warnings": warnings,
+    }
 
 
 # ---------------------------------------------------------------- printing
 
 
 _LABELS = {
-    "mpslaunch": "mpslaunch", "python": "Python", "platform": "Platform", "macos": "macOS",
-    "chip": "Chip", "rosetta": "Rosetta (x86_64 Python on Apple silicon)",
-    "virtual_machine": "Virtual machine", "macos_build": "macOS build", "cpu_cores": "CPU cores",
-    "torch": "torch", "torch_cuda_build": "torch CUDA build", "torchvision": "torchvision",
-    "accelerate": "accelerate", "mps": "MPS", "mps_verdict": "MPS verdict kept for launches",
+    "mpslaunch": "mpslaunch",
+    "python": "Python",
+    "platform": "Platform",
+    "macos": "macOS",
+    "chip": "Chip",
+    "rosetta": "Rosetta (x86_64 Python on Apple silicon)",
+    "virtual_machine": "Virtual machine",
+    "macos_build": "macOS build",
+    "cpu_cores": "CPU cores",
+    "torch": "torch",
+    "torch_cuda_build": "torch CUDA build",
+    "torchvision": "torchvision",
+    "accelerate": "accelerate",
+    "mps": "MPS",
+    "mps_verdict": "MPS verdict kept for launches",
     "cuda": "CUDA devices (torch)",
-    "nvidia_gpus_visible": "NVIDIA GPUs (driver)", "slurm": "SLURM",
+    "nvidia_gpus_visible": "NVIDIA GPUs (driver)",
+    "slurm": "SLURM",
 }
 
 
@@ -201,13 +252,22 @@ def as_markdown(facts: dict[str, Any]) -> str:
         if key in facts:
             lines.append(f"- {label}: {_text(facts[key])}")
     environment = facts["environment"]
-    lines.append("- Environment:" + ("" if environment else " none of PYTORCH_*, MPSLAUNCH_*, "
-                                     "ACCELERATE_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS is set"))
+    lines.append(
+        "- Environment:"
+        + (
+            ""
+            if environment
+            else " none of PYTORCH_*, MPSLAUNCH_*, "
+            "ACCELERATE_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS is set"
+        )
+    )
     lines += [f"    {name}={value}" for name, value in environment.items()]
     profile = facts["profile"]
     if isinstance(profile, dict):
         lines.append(f"- Profile: {facts['profile_path']}")
-        lines += [f"    {line}" for line in profile_files.to_yaml(Profile(**profile)).splitlines()[1:]]
+        lines += [
+            f"    {line}" for line in profile_files.to_yaml(Profile(**profile)).splitlines()[1:]
+        ]
     else:
         lines.append(f"- Profile: {profile}")
     lines.append(f"- Launcher would choose: {facts['launcher_choice']}")
@@ -215,8 +275,10 @@ def as_markdown(facts: dict[str, Any]) -> str:
     if facts.get("accelerate_default_config"):
         lines.append(f"- Accelerate default config: {facts['accelerate_default_config']}")
     lines.append("```")
-    return "\n".join(_no_fence(one_line(line)) if 0 < i < len(lines) - 1 else line
-                     for i, line in enumerate(lines))
+    return "\n".join(
+        _no_fence(one_line(line)) if 0 < i < len(lines) - 1 else line
+        for i, line in enumerate(lines)
+    )
 
 
 def _text(value: Any) -> str:

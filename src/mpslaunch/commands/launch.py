@@ -8,8 +8,16 @@ import argparse
 
 from mpslaunch import launcher, output
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import (ACCELERATOR, MACHINES, OPTIONS, OUTPUT, PLAN, add_refused,
-                                add_table_options, request_from_args)
+from mpslaunch.settings import (
+    ACCELERATOR,
+    MACHINES,
+    OPTIONS,
+    OUTPUT,
+    PLAN,
+    add_refused,
+    add_table_options,
+    request_from_args,
+)
 
 HELP = """\
 Run a training script on the device this machine should use: mps on Apple silicon,
@@ -27,9 +35,12 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    groups = {title: parser.add_argument_group(title) for title in (PLAN, MACHINES, ACCELERATOR, OUTPUT)}
-    add_table_options(parser, *(option.name for option in OPTIONS if option.flag is not None),
-                      groups=groups)
+    groups = {
+        title: parser.add_argument_group(title) for title in (PLAN, MACHINES, ACCELERATOR, OUTPUT)
+    }
+    add_table_options(
+        parser, *(option.name for option in OPTIONS if option.flag is not None), groups=groups
+    )
     add_refused(parser)
     parser.add_argument("script", nargs="?", help="the script (or module, with -m) to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -37,8 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.script is None:
-        raise MpslaunchError("no script given: run `mpslaunch launch [options] script.py [script "
-                             "args]`, or -m and a module name (see `mpslaunch launch --help`)")
+        raise MpslaunchError(
+            "no script given: run `mpslaunch launch [options] script.py [script "
+            "args]`, or -m and a module name (see `mpslaunch launch --help`)"
+        )
     request = request_from_args(args, args.script, args.script_args)
     plan = launcher.prepare(request, args.profile, args.config_file, args.quiet)
     if plan.settings.check and not args.quiet and not plan.silent_rank:
@@ -62,13 +75,24 @@ def _note_options_after_the_script(args: argparse.Namespace) -> None:
     """The torchrun habit reversed: launch's options written after the script are the script's."""
     from mpslaunch.settings import spellings
 
-    ours = {word for option in OPTIONS if option.spelling
-            for word in (*spellings(option.spelling), option.short) if word}
-    given = list(dict.fromkeys(word.split("=", 1)[0] for word in args.script_args
-                               if word.split("=", 1)[0] in ours))
+    ours = {
+        word
+        for option in OPTIONS
+        if option.spelling
+        for word in (*spellings(option.spelling), option.short)
+        if word
+    }
+    given = list(
+        dict.fromkeys(
+            word.split("=", 1)[0] for word in args.script_args if word.split("=", 1)[0] in ours
+        )
+    )
     if given:
         names = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
-        output.note(f"the script exited with code 2, as argparse does for arguments it does not "
-                    f"take; {names} came after {args.script}, so {'they' if len(given) > 1 else 'it'} "
-                    "went to the script: give launch's options before the script (`mpslaunch "
-                    "launch [options] script.py [script args]`)", args.quiet)
+        output.note(
+            f"the script exited with code 2, as argparse does for arguments it does not "
+            f"take; {names} came after {args.script}, so {'they' if len(given) > 1 else 'it'} "
+            "went to the script: give launch's options before the script (`mpslaunch "
+            "launch [options] script.py [script args]`)",
+            args.quiet,
+        )

@@ -31,8 +31,15 @@ OPTIONS = tuple(option.name for option in REQUEST_OPTIONS)
 _ONE_AT_A_TIME = threading.RLock()  # reentrant: a function run here may launch again
 
 
-def launch(target, *args, profile: str | None = None, config_file: str | None = None,
-           quiet: bool = False, start_method: str = "fork", **options):
+def launch(
+    target,
+    *args,
+    profile: str | None = None,
+    config_file: str | None = None,
+    quiet: bool = False,
+    start_method: str = "fork",
+    **options,
+):
     """Run a script (a path) or a function with the plan `mpslaunch launch` would make here."""
     _check_options(options)
     _check_call(target, args, profile, config_file, start_method)
@@ -40,13 +47,21 @@ def launch(target, *args, profile: str | None = None, config_file: str | None = 
         return _launch(target, args, profile, config_file, quiet, start_method, options)
 
 
-def _launch(target, args: tuple, profile: str | None, config_file: str | None, quiet: bool,
-            start_method: str, options: dict):
+def _launch(
+    target,
+    args: tuple,
+    profile: str | None,
+    config_file: str | None,
+    quiet: bool,
+    start_method: str,
+    options: dict,
+):
     function = target if callable(target) else None
     name = getattr(function, "__qualname__", "function") if function else os.fspath(target)
     request = LaunchRequest(name, () if function else tuple(map(str, args)), **options)
-    plan = prepare(request, profile, config_file, quiet, target_is_file=function is None,
-                   asked_in=API)
+    plan = prepare(
+        request, profile, config_file, quiet, target_is_file=function is None, asked_in=API
+    )
     problem = None if function else thread_problem(plan)
     if problem:  # before the plan line: nothing is started
         raise MpslaunchError(problem)
@@ -65,8 +80,10 @@ def _check_options(options: dict) -> None:
 
             close = difflib.get_close_matches(name, OPTIONS, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise MpslaunchError(f"mpslaunch.launch() has no option {name!r}{hint}; it takes "
-                                 "launch's options under their Python names, profile= and config_file=")
+            raise MpslaunchError(
+                f"mpslaunch.launch() has no option {name!r}{hint}; it takes "
+                "launch's options under their Python names, profile= and config_file="
+            )
 
 
 def _check_call(target, args: tuple, profile, config_file, start_method) -> None:
@@ -75,19 +92,28 @@ def _check_call(target, args: tuple, profile, config_file, start_method) -> None
     if not callable(target):
         path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
         if not isinstance(path, str):
-            raise MpslaunchError("mpslaunch.launch() runs a script (its path, as text) or a "
-                                 f"function, not {_described(path)}"
-                                 + ("; decode it with os.fsdecode()" if isinstance(path, bytes) else ""))
-        for where, text in [("the script's path", path),
-                            *((f"argument {number}", str(arg)) for number, arg in enumerate(args, 1))]:
+            raise MpslaunchError(
+                "mpslaunch.launch() runs a script (its path, as text) or a "
+                f"function, not {_described(path)}"
+                + ("; decode it with os.fsdecode()" if isinstance(path, bytes) else "")
+            )
+        for where, text in [
+            ("the script's path", path),
+            *((f"argument {number}", str(arg)) for number, arg in enumerate(args, 1)),
+        ]:
             if "\0" in text:
-                raise MpslaunchError(f"{where} holds a NUL character, which no command line can "
-                                     f"carry: {text[:80]!r}")
+                raise MpslaunchError(
+                    f"{where} holds a NUL character, which no command line can carry: {text[:80]!r}"
+                )
     for name, value in (("profile", profile), ("config_file", config_file)):
-        if value is not None and not isinstance(value, str if name == "profile" else (str, os.PathLike)):
+        if value is not None and not isinstance(
+            value, str if name == "profile" else (str, os.PathLike)
+        ):
             raise MpslaunchError(f"{name}= must be text, not {_described(value)}")
     if start_method not in ("fork", "spawn", "forkserver"):
-        raise MpslaunchError(f"start_method must be fork, spawn or forkserver, not {start_method!r}")
+        raise MpslaunchError(
+            f"start_method must be fork, spawn or forkserver, not {start_method!r}"
+        )
 
 
 def _described(value) -> str:
@@ -102,8 +128,10 @@ def _call_here(plan: LaunchPlan, function, args: tuple):
     from mpslaunch.run import environment
 
     if "torch" in sys.modules and "PYTORCH_ENABLE_MPS_FALLBACK" in plan.env:
-        output.warning("torch is already imported, and it reads PYTORCH_ENABLE_MPS_FALLBACK when "
-                       "it loads; set it before importing torch")
+        output.warning(
+            "torch is already imported, and it reads PYTORCH_ENABLE_MPS_FALLBACK when "
+            "it loads; set it before importing torch"
+        )
     with environment(plan.env):
         return FreshCall(function)(*args)
 
@@ -139,13 +167,16 @@ def _check_spawnable(function, args: tuple) -> None:
     """spawn starts fresh interpreters: they import the function by name and unpickle the args."""
     main = sys.modules.get("__main__")
     if function.__module__ == "__main__" and not getattr(main, "__file__", None):
-        raise MpslaunchError(f"{function.__qualname__} is defined in a notebook or an interactive "
-                             "session, which processes started with spawn cannot import; move it "
-                             "to a .py file and import it, or use start_method='fork'")
+        raise MpslaunchError(
+            f"{function.__qualname__} is defined in a notebook or an interactive "
+            "session, which processes started with spawn cannot import; move it "
+            "to a .py file and import it, or use start_method='fork'"
+        )
     try:
         pickle.dumps((function, args))
     except Exception as error:  # pickle raises many types
-        raise MpslaunchError(f"{getattr(function, '__qualname__', function)} or its arguments "
-                             f"cannot be sent to the processes ({type(error).__name__}: {error}); "
-                             "define the function at the top level of a module") from None
-
+        raise MpslaunchError(
+            f"{getattr(function, '__qualname__', function)} or its arguments "
+            f"cannot be sent to the processes ({type(error).__name__}: {error}); "
+            "define the function at the top level of a module"
+        ) from None

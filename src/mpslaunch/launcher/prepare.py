@@ -17,20 +17,48 @@ from mpslaunch import output
 from mpslaunch.launcher.targets import check_target
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError
-from mpslaunch.plan import (Cluster, Decision, LaunchPlan, checks_main_address, decide_settings,
-                            for_target, mps_problem, settle, slurm_cluster, torchrun_layer,
-                            with_slurm_config)
-from mpslaunch.settings import (COMMAND_LINE, LaunchOptions, LaunchRequest, Layer, Profile,
-                                ProfileFile, file_layer, merge, options_layer, profile_files,
-                                request_problem)
+from mpslaunch.plan import (
+    Cluster,
+    Decision,
+    LaunchPlan,
+    checks_main_address,
+    decide_settings,
+    for_target,
+    mps_problem,
+    settle,
+    slurm_cluster,
+    torchrun_layer,
+    with_slurm_config,
+)
+from mpslaunch.settings import (
+    COMMAND_LINE,
+    LaunchOptions,
+    LaunchRequest,
+    Layer,
+    Profile,
+    ProfileFile,
+    file_layer,
+    merge,
+    options_layer,
+    profile_files,
+    request_problem,
+)
 
 MPS_CHECK_TIMEOUT_SECONDS = 60.0  # a first `import torch` on a Mac can take a while
 
 
-def prepare(options: LaunchOptions, profile: str | None = None, config_file: str | None = None,
-            quiet: bool = False, target_is_file: bool = True,
-            environ: Mapping[str, str] = os.environ, *, loaded: ProfileFile | None = None,
-            machine: Machine | None = None, asked_in: str = COMMAND_LINE) -> Decision:
+def prepare(
+    options: LaunchOptions,
+    profile: str | None = None,
+    config_file: str | None = None,
+    quiet: bool = False,
+    target_is_file: bool = True,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    loaded: ProfileFile | None = None,
+    machine: Machine | None = None,
+    asked_in: str = COMMAND_LINE,
+) -> Decision:
     """The plan for a LaunchRequest (a LaunchPlan), or for LaunchOptions alone the Decision for
     any target (`env`, `config show`); an MpslaunchError says what to change.
 
@@ -45,7 +73,7 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
     if problem:
         raise MpslaunchError(problem)
     targeted = isinstance(options, LaunchRequest)
-    if targeted and target_is_file:
+    if isinstance(options, LaunchRequest) and target_is_file:
         check_target(options)
     reported = loaded is None
     loaded = loaded or profile_files.read_active(config_file, profile)
@@ -67,8 +95,9 @@ def prepare(options: LaunchOptions, profile: str | None = None, config_file: str
     return plan
 
 
-def _layers(loaded: ProfileFile, options: LaunchOptions, asked_in: str,
-            environ: Mapping[str, str]) -> tuple[Cluster, tuple[Layer, ...]]:
+def _layers(
+    loaded: ProfileFile, options: LaunchOptions, asked_in: str, environ: Mapping[str, str]
+) -> tuple[Cluster, tuple[Layer, ...]]:
     """The SLURM step this launcher runs in, and the settings' layers over the defaults, weakest
     first: what the step derives (a port), the profile file in force, the options, then the
     clusters' facts (the step's, torchrun's PET_ variables)."""
@@ -83,8 +112,9 @@ def _in_cluster(plan: LaunchPlan) -> LaunchPlan:
     if plan.cluster is None:
         return plan
     config = machine_probe.slurm_config()
-    place, warnings = with_slurm_config(plan.cluster, plan.grace_period, config.kill_wait,
-                                        config.proctrack)
+    place, warnings = with_slurm_config(
+        plan.cluster, plan.grace_period, config.kill_wait, config.proctrack
+    )
     return plan._replace(cluster=place, warnings=plan.warnings + warnings)
 
 
@@ -100,19 +130,24 @@ def _check_log_dir(plan: LaunchPlan) -> None:
 
 def _verified(machine: Machine, quiet: bool) -> Machine:
     """The machine with torch's verdict on mps, asked in a child (and kept for later launches)."""
-    output.say("checking once that torch can use mps with this Python, torch and macOS (the "
-               "answer is kept for later launches)", quiet)
+    output.say(
+        "checking once that torch can use mps with this Python, torch and macOS (the "
+        "answer is kept for later launches)",
+        quiet,
+    )
     machine = machine_probe.verify_mps(machine, MPS_CHECK_TIMEOUT_SECONDS)
     if machine.mps_answer is None:
-        output.warning(f"torch's mps check gave no answer within {MPS_CHECK_TIMEOUT_SECONDS:g} "
-                       "s; planning on the platform facts alone (`mpslaunch env` checks again)")
+        output.warning(
+            f"torch's mps check gave no answer within {MPS_CHECK_TIMEOUT_SECONDS:g} "
+            "s; planning on the platform facts alone (`mpslaunch env` checks again)"
+        )
     return machine
 
 
 def _machine_for(settings: Profile, machine: Machine) -> Machine:
     """The machine, with its network addresses when it is machine 0 of several (checked
     against main_process_ip), and with what its host name stands for when it is one of several."""
-    if checks_main_address(settings):
+    if checks_main_address(settings) and settings.main_process_ip is not None:
         machine = machine_probe.with_addresses(machine, settings.main_process_ip)
     if settings.num_machines > 1:  # gloo advertises what this machine's name stands for
         machine = machine_probe.with_own_name(machine)
@@ -127,10 +162,12 @@ def _asks_torch_about_mps(machine: Machine, device: str) -> bool:
 def accelerate_note(loaded: ProfileFile, machine: Machine) -> str:
     """For a profile file that is an Accelerate config, read as the profile it means."""
     note = f"{loaded.path} was read as an Accelerate config file"
-    if loaded.translation.basic_cpu and mps_problem(machine) is None:
-        note += ("; its use_cpu: true is what `accelerate config default` writes on every Mac "
-                 "without asking, so this runs on cpu as it says: give --device mps to use the "
-                 "GPU, or import it with `mpslaunch config --from_accelerate`")
+    if loaded.translation and loaded.translation.basic_cpu and mps_problem(machine) is None:
+        note += (
+            "; its use_cpu: true is what `accelerate config default` writes on every Mac "
+            "without asking, so this runs on cpu as it says: give --device mps to use the "
+            "GPU, or import it with `mpslaunch config --from_accelerate`"
+        )
     return note
 
 

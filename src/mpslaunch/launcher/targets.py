@@ -12,8 +12,7 @@ import os
 import sys
 
 from mpslaunch.output import MpslaunchError
-from mpslaunch.settings import (LaunchRequest, current_folder, folder_main, open_regular,
-                                unreadable)
+from mpslaunch.settings import LaunchRequest, current_folder, folder_main, open_regular, unreadable
 
 
 def check_target(request: LaunchRequest) -> None:
@@ -29,9 +28,11 @@ def _check_executable(name: str) -> None:
     import shutil  # only with --no_python
 
     if shutil.which(name) is None:
-        raise MpslaunchError(f"{name} is not an executable file (--no_python runs it directly, "
-                             "looking on PATH when the name has no '/'); check the path and its "
-                             "permissions, or drop --no_python")
+        raise MpslaunchError(
+            f"{name} is not an executable file (--no_python runs it directly, "
+            "looking on PATH when the name has no '/'); check the path and its "
+            "permissions, or drop --no_python"
+        )
 
 
 def _check_script(target: str) -> None:
@@ -42,9 +43,11 @@ def _check_script(target: str) -> None:
     except OSError as error:
         raise MpslaunchError(unreadable(_shown(source), error, launching=True)) from None
     if target.endswith(".ipynb"):  # Python reads the notebook's JSON as an expression
-        raise MpslaunchError(f"{_shown(target)} is a Jupyter notebook, which python cannot run; "
-                             f"export its code with `jupyter nbconvert --to script {target}` and "
-                             "launch the .py file it writes")
+        raise MpslaunchError(
+            f"{_shown(target)} is a Jupyter notebook, which python cannot run; "
+            f"export its code with `jupyter nbconvert --to script {target}` and "
+            "launch the .py file it writes"
+        )
 
 
 def _shown(target: str) -> str:
@@ -57,9 +60,11 @@ def _check_module(name: str) -> None:
     """Like `python -m`, look in the current folder first; never import the module's package."""
     here = current_folder()
     if not _module_exists(name, [*([here] if here else []), *sys.path[1:]]):
-        raise MpslaunchError(f"no module named {name!r} can be found from "
-                             f"{here or 'here (the current folder was removed)'}; check the name, "
-                             "or install the package that provides it")
+        raise MpslaunchError(
+            f"no module named {name!r} can be found from "
+            f"{here or 'here (the current folder was removed)'}; check the name, "
+            "or install the package that provides it"
+        )
 
 
 def _module_exists(name: str, search_path: list[str]) -> bool:

@@ -2,8 +2,9 @@
 
 The launcher does not import torch on the one-process path (the child imports it anyway), so
 facts come from os.uname, one sysctl call on macOS (and pmset for the power source), /proc and
-/dev on Linux, and torch's and Accelerate's versions read as text; what torch itself says about mps on a Mac comes from a child Python,
-cached (torch_check.py). Tests build `Machine` values by hand to describe computers we do not own.
+/dev on Linux, and torch's and Accelerate's versions read as text; what torch itself says about
+mps on a Mac comes from a child Python, cached (torch_check.py). Tests build `Machine` values by
+hand to describe computers we do not own.
 """
 
 from __future__ import annotations
@@ -15,19 +16,24 @@ import subprocess
 import sys
 from itertools import takewhile
 
-from mpslaunch import record
+from mpslaunch import Record, record
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
     from mpslaunch.machine.torch_check import MpsAnswer
 
 # One `sysctl` call reads them all; the last two are missing on some older macOS releases.
-_MAC_SYSCTLS = ("kern.osproductversion", "kern.osversion", "machdep.cpu.brand_string",
-                "kern.hv_vmm_present", "sysctl.proc_translated")
+_MAC_SYSCTLS = (
+    "kern.osproductversion",
+    "kern.osversion",
+    "machdep.cpu.brand_string",
+    "kern.hv_vmm_present",
+    "sysctl.proc_translated",
+)
 
 
 @record
-class Machine:
+class Machine(Record):
     system: str  # platform.system(): "Darwin", "Linux", "Windows"
     arch: str  # platform.machine() of this Python: "arm64", "x86_64", "aarch64"
     macos_version: tuple[int, ...] | None = None
@@ -290,15 +296,20 @@ def _nvidia_gpu_names() -> tuple[str, ...]:
     # os.path, not pathlib: the launch path does not need pathlib's import.
     proc_dir = "/proc/driver/nvidia/gpus"
     if os.path.isdir(proc_dir):
-        return tuple(_gpu_model(os.path.join(proc_dir, gpu, "information"))
-                     for gpu in sorted(os.listdir(proc_dir)))
+        return tuple(
+            _gpu_model(os.path.join(proc_dir, gpu, "information"))
+            for gpu in sorted(os.listdir(proc_dir))
+        )
     # Containers often expose only the device nodes /dev/nvidia0, /dev/nvidia1, ...
     try:
         devices = os.listdir("/dev")
     except OSError:
         devices = []
-    return tuple("NVIDIA GPU" for name in devices
-                 if name.startswith("nvidia") and name[len("nvidia"):].isdecimal())
+    return tuple(
+        "NVIDIA GPU"
+        for name in devices
+        if name.startswith("nvidia") and name[len("nvidia") :].isdecimal()
+    )
 
 
 def _gpu_model(information: str) -> str:

@@ -8,8 +8,10 @@ import os
 
 _UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
 # (root, limit, usage) for cgroup v2 and v1
-_LAYOUTS = {"v2": ("/sys/fs/cgroup", "memory.max", "memory.current"),
-            "v1": ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes")}
+_LAYOUTS = {
+    "v2": ("/sys/fs/cgroup", "memory.max", "memory.current"),
+    "v1": ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
 
 
 def memory_limit_left() -> tuple[int, int] | None:
@@ -47,7 +49,10 @@ def _folders_up(root: str, path: str) -> list[str]:
 
 def _limit_at(folder: str, layout: tuple[str, str, str]) -> tuple[int, int] | None:
     _, limit_file, usage_file = layout
-    limit, usage = _number(os.path.join(folder, limit_file)), _number(os.path.join(folder, usage_file))
+    limit, usage = (
+        _number(os.path.join(folder, limit_file)),
+        _number(os.path.join(folder, usage_file)),
+    )
     if limit is None or usage is None or limit >= _UNLIMITED:
         return None
     return max(0, limit - usage), limit
@@ -60,4 +65,3 @@ def _number(path: str) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None  # "max": no limit
-

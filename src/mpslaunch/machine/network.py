@@ -15,13 +15,14 @@ def loopback_interface(platform: str = sys.platform) -> str:
     return "lo0" if platform == "darwin" else "lo"
 
 
-
 def with_addresses(machine: Machine, main_address: str) -> Machine:
     """`machine` with its interface addresses (unless already known) and, when `main_address`
     is a host name, what it resolves to. Nothing is sent anywhere: the interfaces are listed,
     and a name is looked up as the system resolves it."""
     known = machine.addresses if machine.addresses is not None else interface_addresses()
-    lookup = None if plain_address(main_address) else (main_address, resolved_addresses(main_address))
+    lookup = (
+        None if plain_address(main_address) else (main_address, resolved_addresses(main_address))
+    )
     return machine._replace(addresses=known, name_lookup=lookup)
 
 
@@ -39,9 +40,13 @@ def interface_addresses() -> tuple[str, ...]:
 
     import psutil  # here only: a several-machine launch is the one that needs it
 
-    found = {plain_address(entry.address) for entries in psutil.net_if_addrs().values()
-             for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
-    return tuple(sorted(found - {None}))
+    found = {
+        plain_address(entry.address)
+        for entries in psutil.net_if_addrs().values()
+        for entry in entries
+        if entry.family in (socket.AF_INET, socket.AF_INET6)
+    }
+    return tuple(sorted(address for address in found if address is not None))
 
 
 def resolved_addresses(name: str) -> tuple[str, ...]:
@@ -52,7 +57,8 @@ def resolved_addresses(name: str) -> tuple[str, ...]:
         found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         return ()
-    return tuple(sorted({plain_address(entry[4][0]) for entry in found} - {None}))
+    plain = {plain_address(str(entry[4][0])) for entry in found}
+    return tuple(sorted(address for address in plain if address is not None))
 
 
 def address_and_port(text: str) -> tuple[str, str | None]:

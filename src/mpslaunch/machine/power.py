@@ -31,8 +31,13 @@ def on_battery() -> bool | None:
     """True on battery power, False on another source; None where pmset gives no answer in
     time (not a Mac, no pmset)."""
     try:
-        done = subprocess.run([PMSET, "-g", "batt"], capture_output=True, text=True,
-                              timeout=_TIMEOUT_SECONDS, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [PMSET, "-g", "batt"],
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT_SECONDS,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return power_source_is_battery(done.stdout) if done.returncode == 0 else None

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from mpslaunch import record
+from mpslaunch import Record, record
 
 # SLURM's own hostlist refuses a range of more than 65,536 names; a whole list past that is
 # refused here too, before anything is expanded.
@@ -40,8 +40,11 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     count = sum(math.prod(_count(part) for part in parts) for parts in plans)
     if count > MAX_NODES:
         raise ValueError(f"the node list {text!r} names {count} nodes, more than {MAX_NODES}")
-    return tuple("".join(name) for parts in plans
-                 for name in itertools.product(*(_choices(part) for part in parts)))
+    return tuple(
+        "".join(name)
+        for parts in plans
+        for name in itertools.product(*(_choices(part) for part in parts))
+    )
 
 
 def _split_names(text: str) -> list[str]:
@@ -78,8 +81,10 @@ def _name_parts(expression: str, text: str) -> list[_Part]:
     if not expression:
         raise ValueError(f"the node list {text!r} has an empty name")
     if "[" in expression and not expression.endswith("]"):
-        raise ValueError(f"the node list {text!r} has text after the last bracket of "
-                         f"{expression!r}, which SLURM does not read")
+        raise ValueError(
+            f"the node list {text!r} has text after the last bracket of "
+            f"{expression!r}, which SLURM does not read"
+        )
     pieces = re.split(_BRACKETS, expression)  # bracket contents at the odd places
     return [_ranges(piece, text) if index % 2 else piece for index, piece in enumerate(pieces)]
 
@@ -89,7 +94,9 @@ def _ranges(group: str, text: str) -> tuple[tuple[int, int, int], ...]:
     for item in group.split(","):
         match = re.fullmatch(_RANGE, item)
         if not match:
-            raise ValueError(f"the node list {text!r} has {item!r} in brackets, not a number or a range")
+            raise ValueError(
+                f"the node list {text!r} has {item!r} in brackets, not a number or a range"
+            )
         first, last = match.group(1), match.group(2) or match.group(1)
         if int(first) > int(last):
             raise ValueError(f"the node list {text!r} has the reversed range {item!r}")
@@ -104,7 +111,9 @@ def _count(part: _Part) -> int:
 def _choices(part: _Part) -> list[str]:
     if isinstance(part, str):
         return [part]
-    return [str(number).zfill(width) for first, last, width in part for number in range(first, last + 1)]
+    return [
+        str(number).zfill(width) for first, last, width in part for number in range(first, last + 1)
+    ]
 
 
 def expand_tasks_per_node(text: str) -> tuple[int, ...]:
@@ -124,7 +133,7 @@ def expand_tasks_per_node(text: str) -> tuple[int, ...]:
 
 
 @record
-class SlurmStep:
+class SlurmStep(Record):
     """The srun step this task runs in, from the step's own variables (a job's variables such as
     SLURM_NNODES or SLURM_NTASKS describe the allocation, not the step). `nodes` is empty when
     the node list cannot be read, and `node_list_error` says why."""
@@ -166,16 +175,22 @@ class SlurmStep:
         """One line for a bug report: `job 31, step 0 (python): task 3 of 4 on node02, node 2
         of 2 (node[01-02]), 2 tasks on each node`."""
         each = self.tasks_on_each_node
-        counts = (f"{each} task{'s' if each != 1 else ''} on each node" if each is not None
-                  else f"{','.join(map(str, self.tasks_per_node))} tasks on its nodes")
-        return (f"job {self.job_id}, step {self.step_id}" + (f" ({self.job_name})" if self.job_name else "")
-                + f": task {self.global_rank} of {self.num_tasks} on {self.this_node}, node "
-                f"{self.node_rank + 1} of {self.num_nodes} ({self.node_list}), {counts}"
-                + ("; heterogeneous" if self.heterogeneous else ""))
+        counts = (
+            f"{each} task{'s' if each != 1 else ''} on each node"
+            if each is not None
+            else f"{','.join(map(str, self.tasks_per_node))} tasks on its nodes"
+        )
+        return (
+            f"job {self.job_id}, step {self.step_id}"
+            + (f" ({self.job_name})" if self.job_name else "")
+            + f": task {self.global_rank} of {self.num_tasks} on {self.this_node}, node "
+            f"{self.node_rank + 1} of {self.num_nodes} ({self.node_list}), {counts}"
+            + ("; heterogeneous" if self.heterogeneous else "")
+        )
 
 
 @record
-class SlurmAllocation:
+class SlurmAllocation(Record):
     """A SLURM job seen from outside any srun step: its batch script, or an salloc shell. Its
     numbers are None when SLURM did not set them (`sbatch -N2` without a task count sets no
     SLURM_NTASKS) or they cannot be read."""
@@ -192,13 +207,19 @@ class SlurmAllocation:
         """One line for a bug report: `job 31 (wrap), a batch script outside any srun step: 2
         nodes (node[01-02]), 2 tasks`."""
         where = "a batch script" if self.batch else "a shell (salloc)"
-        counts = [f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''} ({self.node_list})"
-                  if self.num_nodes is not None else f"nodes {self.node_list or 'unknown'}"]
+        counts = [
+            f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''} ({self.node_list})"
+            if self.num_nodes is not None
+            else f"nodes {self.node_list or 'unknown'}"
+        ]
         if self.num_tasks is not None:
             counts.append(f"{self.num_tasks} task{'s' if self.num_tasks != 1 else ''}")
-        return (f"job {self.job_id}" + (f" ({self.job_name})" if self.job_name else "")
-                + f", {where} outside any srun step: {', '.join(counts)}"
-                + ("; heterogeneous" if self.heterogeneous else ""))
+        return (
+            f"job {self.job_id}"
+            + (f" ({self.job_name})" if self.job_name else "")
+            + f", {where} outside any srun step: {', '.join(counts)}"
+            + ("; heterogeneous" if self.heterogeneous else "")
+        )
 
 
 def in_slurm_step(environ: Mapping[str, str]) -> bool:
@@ -214,14 +235,22 @@ def slurm_step(environ: Mapping[str, str]) -> SlurmStep | None:
         return None
     per_node = _variable(environ, "SLURM_STEP_TASKS_PER_NODE", expand_tasks_per_node)
     step = SlurmStep(
-        job_id=_required(environ, "SLURM_JOB_ID"), step_id=environ["SLURM_STEP_ID"],
-        job_name=environ.get("SLURM_JOB_NAME", ""), node_list=_required(environ, "SLURM_STEP_NODELIST"),
-        nodes=(), node_list_error=None,
-        num_nodes=_number(environ, "SLURM_STEP_NUM_NODES"), num_tasks=_number(environ, "SLURM_STEP_NUM_TASKS"),
-        tasks_per_node=per_node, node_rank=_number(environ, "SLURM_NODEID"),
-        local_rank=_number(environ, "SLURM_LOCALID"), global_rank=_number(environ, "SLURM_PROCID"),
-        node_name=environ.get("SLURMD_NODENAME", ""), heterogeneous=_heterogeneous(environ),
-        pty="SLURM_PTY_PORT" in environ)
+        job_id=_required(environ, "SLURM_JOB_ID"),
+        step_id=environ["SLURM_STEP_ID"],
+        job_name=environ.get("SLURM_JOB_NAME", ""),
+        node_list=_required(environ, "SLURM_STEP_NODELIST"),
+        nodes=(),
+        node_list_error=None,
+        num_nodes=_number(environ, "SLURM_STEP_NUM_NODES"),
+        num_tasks=_number(environ, "SLURM_STEP_NUM_TASKS"),
+        tasks_per_node=per_node,
+        node_rank=_number(environ, "SLURM_NODEID"),
+        local_rank=_number(environ, "SLURM_LOCALID"),
+        global_rank=_number(environ, "SLURM_PROCID"),
+        node_name=environ.get("SLURMD_NODENAME", ""),
+        heterogeneous=_heterogeneous(environ),
+        pty="SLURM_PTY_PORT" in environ,
+    )
     _check_counts(step)
     return step._replace(**_expanded_nodes(step))
 
@@ -233,11 +262,16 @@ def slurm_allocation(environ: Mapping[str, str]) -> SlurmAllocation | None:
     if not job_id or in_slurm_step(environ):
         return None
     return SlurmAllocation(
-        job_id=job_id, job_name=environ.get("SLURM_JOB_NAME", ""),
+        job_id=job_id,
+        job_name=environ.get("SLURM_JOB_NAME", ""),
         node_list=environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", ""),
-        num_nodes=_optional_number(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")),
+        num_nodes=_optional_number(
+            environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
+        ),
         num_tasks=_optional_number(environ.get("SLURM_NTASKS")),
-        batch=environ.get("ENVIRONMENT") == "BATCH", heterogeneous=_heterogeneous(environ))
+        batch=environ.get("ENVIRONMENT") == "BATCH",
+        heterogeneous=_heterogeneous(environ),
+    )
 
 
 def _required(environ: Mapping[str, str], name: str) -> str:
@@ -270,25 +304,34 @@ def _heterogeneous(environ: Mapping[str, str]) -> bool:
     """SLURM marks a heterogeneous job with SLURM_HET_SIZE (SLURM_PACK_SIZE before 20.02) and
     one set of variables per component (`SLURM_JOB_NODELIST_HET_GROUP_1`); an ordinary job may
     have component 0's."""
-    return ("SLURM_HET_SIZE" in environ or "SLURM_PACK_SIZE" in environ
-            or any(re.fullmatch(_HETEROGENEOUS, name) for name in environ))
+    return (
+        "SLURM_HET_SIZE" in environ
+        or "SLURM_PACK_SIZE" in environ
+        or any(re.fullmatch(_HETEROGENEOUS, name) for name in environ)
+    )
 
 
 def _check_counts(step: SlurmStep) -> None:
     """The step's numbers agree with each other, as SLURM writes them."""
     per_node = step.tasks_per_node
     if len(per_node) != step.num_nodes:
-        _contradiction(f"SLURM_STEP_TASKS_PER_NODE counts {len(per_node)} nodes, "
-                       f"SLURM_STEP_NUM_NODES={step.num_nodes}")
+        _contradiction(
+            f"SLURM_STEP_TASKS_PER_NODE counts {len(per_node)} nodes, "
+            f"SLURM_STEP_NUM_NODES={step.num_nodes}"
+        )
     if sum(per_node) != step.num_tasks:
-        _contradiction(f"SLURM_STEP_TASKS_PER_NODE counts {sum(per_node)} tasks, "
-                       f"SLURM_STEP_NUM_TASKS={step.num_tasks}")
+        _contradiction(
+            f"SLURM_STEP_TASKS_PER_NODE counts {sum(per_node)} tasks, "
+            f"SLURM_STEP_NUM_TASKS={step.num_tasks}"
+        )
     if step.node_rank >= step.num_nodes:
         _contradiction(f"SLURM_NODEID={step.node_rank} with {step.num_nodes} nodes")
     if step.global_rank >= step.num_tasks:
         _contradiction(f"SLURM_PROCID={step.global_rank} with {step.num_tasks} tasks")
     if step.local_rank >= per_node[step.node_rank]:
-        _contradiction(f"SLURM_LOCALID={step.local_rank} on a node of {per_node[step.node_rank]} tasks")
+        _contradiction(
+            f"SLURM_LOCALID={step.local_rank} on a node of {per_node[step.node_rank]} tasks"
+        )
 
 
 def _contradiction(problem: str):
@@ -301,8 +344,10 @@ def _expanded_nodes(step: SlurmStep) -> dict:
     except ValueError as error:
         return {"node_list_error": str(error)}
     if len(nodes) != step.num_nodes:
-        return {"node_list_error": f"SLURM_STEP_NODELIST={step.node_list!r} names {len(nodes)} "
-                                   f"nodes and SLURM_STEP_NUM_NODES={step.num_nodes}"}
+        return {
+            "node_list_error": f"SLURM_STEP_NODELIST={step.node_list!r} names {len(nodes)} "
+            f"nodes and SLURM_STEP_NUM_NODES={step.num_nodes}"
+        }
     return {"nodes": nodes}
 
 
@@ -311,7 +356,7 @@ _PROCTRACK = r"^ProctrackType\s*=\s*(\S+)"
 
 
 @record
-class SlurmConfig:
+class SlurmConfig(Record):
     """What the cluster's controller says of how it stops a job; None where it did not say."""
 
     kill_wait: int | None  # KillWait: seconds between a cancelled job's SIGTERM and SIGKILL
@@ -328,8 +373,9 @@ def config_from_text(text: str) -> SlurmConfig:
     """KillWait and ProctrackType from `scontrol show config`'s text."""
     kill_wait = re.search(_KILL_WAIT, text, re.MULTILINE)
     proctrack = re.search(_PROCTRACK, text, re.MULTILINE)
-    return SlurmConfig(int(kill_wait.group(1)) if kill_wait else None,
-                       proctrack.group(1) if proctrack else None)
+    return SlurmConfig(
+        int(kill_wait.group(1)) if kill_wait else None, proctrack.group(1) if proctrack else None
+    )
 
 
 def slurm_config(timeout: float = 2.0) -> SlurmConfig:
@@ -338,8 +384,13 @@ def slurm_config(timeout: float = 2.0) -> SlurmConfig:
     import subprocess
 
     try:
-        answer = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                                timeout=timeout, stdin=subprocess.DEVNULL)
+        answer = subprocess.run(
+            ["scontrol", "show", "config"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return SlurmConfig(None, None)
     return config_from_text(answer.stdout) if answer.returncode == 0 else SlurmConfig(None, None)

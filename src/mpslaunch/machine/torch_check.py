@@ -5,8 +5,9 @@ available, and does a small matmul on mps come back right (docs/mps-facts.md: De
 The verdict holds for one Python, one torch and one macOS build, so on a Mac it is cached per
 (executable, torch version, macOS build) in the user's cache folder; a damaged cache is ignored
 and rewritten. The cache is marshal data, as check/cache.py's entries are: read at every launch
-on a Mac, it costs no import (json's compiles regular expressions). `mpslaunch env` always asks again. Only torch's own answer is kept: a check that
-could not import torch, or that failed by itself, says so for this launch and is asked again.
+on a Mac, it costs no import (json's compiles regular expressions). `mpslaunch env` always asks
+again. Only torch's own answer is kept: a check that could not import torch, or that failed by
+itself, says so for this launch and is asked again.
 
 The child runs isolated from the user's folder: a `random.py`, `json.py` or `torch.py` there
 would otherwise be imported by the check (and torch's verdict would be about that file).
@@ -19,7 +20,7 @@ import os
 import subprocess
 import time
 
-from mpslaunch import record, user_folder
+from mpslaunch import Record, record, user_folder
 
 CHECK_TIMEOUT_SECONDS = 20.0
 CACHE_FILE = "mps-check.marshal"
@@ -54,7 +55,9 @@ if facts["mps_available"]:
         total = (a @ a).sum()
         torch.mps.synchronize()
         value = total.item()
-        facts["mps_check"] = "works" if value == 64.0 ** 3 else f"fails: 64x64 matmul gave {value}, expected {64.0 ** 3}"
+        expected = 64.0 ** 3
+        facts["mps_check"] = ("works" if value == expected
+                              else f"fails: 64x64 matmul gave {value}, expected {expected}")
     except Exception as error:
         facts["mps_check"] = "fails: " + said(error)
 devices = []
@@ -78,16 +81,22 @@ def run_torch_check(python: str, timeout: float, code: str = TORCH_CHECK) -> dic
 
     try:
         with tempfile.TemporaryDirectory(prefix="mpslaunch-check-") as empty:
-            done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=empty,
-                                  env=check_environment(os.environ), timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                [python, "-c", code],
+                capture_output=True,
+                text=True,
+                cwd=empty,
+                env=check_environment(os.environ),
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
     except subprocess.TimeoutExpired:
         return {"timed_out": True}
     except OSError as error:
         return {"check_error": f"cannot start {python} in a folder of its own: {error.strerror}"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(_MARK):
-            return json.loads(line[len(_MARK):])
+            return json.loads(line[len(_MARK) :])
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return {"check_error": f"the check process exited with code {done.returncode}: {last[:300]}"}
 
@@ -99,8 +108,11 @@ def check_environment(environ) -> dict[str, str]:
     PYTHONSAFEPATH (Python 3.11 and later) that entry is not added at all; absolute PYTHONPATH
     entries stay, as the script sees them. PYTHONWARNINGS goes (`error` would turn torch's own
     warnings into a failed import), and PYTHONINSPECT (the check ends when its code does)."""
-    kept = {name: value for name, value in environ.items()
-            if name not in ("PYTHONWARNINGS", "PYTHONINSPECT")}
+    kept = {
+        name: value
+        for name, value in environ.items()
+        if name not in ("PYTHONWARNINGS", "PYTHONINSPECT")
+    }
     return {**kept, "PYTHONSAFEPATH": "1"}
 
 
@@ -115,7 +127,7 @@ def is_torchs_own(facts: dict) -> bool:
 
 
 @record
-class MpsAnswer:
+class MpsAnswer(Record):
     """Whether torch can train on mps here, in torch's words, and what to do if not."""
 
     usable: bool
@@ -136,29 +148,41 @@ def mps_answer(facts: dict, checked_at: str | None = None) -> MpsAnswer | None:
     if facts.get("timed_out"):
         return None
     detail, fix = _why_not(facts)
-    return MpsAnswer(usable=detail is None, detail=detail or "works", fix=fix,
-                     checked_at=checked_at or time.strftime("%Y-%m-%d %H:%M"))
+    return MpsAnswer(
+        usable=detail is None,
+        detail=detail or "works",
+        fix=fix,
+        checked_at=checked_at or time.strftime("%Y-%m-%d %H:%M"),
+    )
 
 
 def _why_not(facts: dict) -> tuple[str | None, str]:
     if "check_error" in facts:
-        return (f"the check failed: {facts['check_error']}",
-                "nothing was kept, the next launch asks again; if it fails again, run "
-                "`mpslaunch env` and report its output")
+        return (
+            f"the check failed: {facts['check_error']}",
+            "nothing was kept, the next launch asks again; if it fails again, run "
+            "`mpslaunch env` and report its output",
+        )
     if "torch_error" in facts:
-        return (f"torch cannot be imported ({facts['torch_error']})",
-                "reinstall torch for this Python (pip install --force-reinstall torch); nothing "
-                "was kept, the next launch asks again")
+        return (
+            f"torch cannot be imported ({facts['torch_error']})",
+            "reinstall torch for this Python (pip install --force-reinstall torch); nothing "
+            "was kept, the next launch asks again",
+        )
     if not facts.get("mps_built"):
-        return ("this torch build has no mps",
-                "install the macOS arm64 torch from PyPI (pip install --force-reinstall torch)")
+        return (
+            "this torch build has no mps",
+            "install the macOS arm64 torch from PyPI (pip install --force-reinstall torch)",
+        )
     if not facts.get("mps_available"):
         said = facts.get("mps_reason", "no reason given")
         return f"torch.backends.mps.is_available() is False ({said})", _UPDATE_TORCH
     check = facts.get("mps_check", "fails: no result")
     if check != "works":
-        return (f"a 64x64 matmul on mps {check}",
-                f"{_UPDATE_TORCH}; in a virtual machine or a sandbox mps cannot work")
+        return (
+            f"a 64x64 matmul on mps {check}",
+            f"{_UPDATE_TORCH}; in a virtual machine or a sandbox mps cannot work",
+        )
     return None, ""
 
 

@@ -12,14 +12,46 @@ what to do; each rule cites its fact in docs/mps-facts.md.
 from mpslaunch import lazy_names
 
 # Imported on first use: the check asks environment.py alone, without the rest of the plan.
-__getattr__ = lazy_names(__name__, {
-    "decision": ("ENGINES", "Decision", "LaunchPlan", "decide", "decide_settings", "for_target",
-                 "mps_verdict_text", "resolve", "settle"),
-    "device": ("choose_device", "cuda_problem", "dynamo_problem", "mps_minimum_macos", "mps_problem",
-               "platform_mps_problem", "precision_refusal", "torch_mps_problem"),
-    "processes": ("checks_main_address", "default_processes", "main_address_problem", "most_processes",
-                  "processes_problem"),
-    "slurm": ("NO_CLUSTER", "Cluster", "Place", "derived_port", "slurm_cluster", "with_slurm_config"),
-    "torchrun_variables": ("torchrun_layer",),
-    "environment": ("Seen", "seen_by_the_script"),
-})
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "decision": (
+            "ENGINES",
+            "Decision",
+            "LaunchPlan",
+            "decide",
+            "decide_settings",
+            "for_target",
+            "mps_verdict_text",
+            "resolve",
+            "settle",
+        ),
+        "device": (
+            "choose_device",
+            "cuda_problem",
+            "dynamo_problem",
+            "mps_minimum_macos",
+            "mps_problem",
+            "platform_mps_problem",
+            "precision_refusal",
+            "torch_mps_problem",
+        ),
+        "processes": (
+            "checks_main_address",
+            "default_processes",
+            "main_address_problem",
+            "most_processes",
+            "processes_problem",
+        ),
+        "slurm": (
+            "NO_CLUSTER",
+            "Cluster",
+            "Place",
+            "derived_port",
+            "slurm_cluster",
+            "with_slurm_config",
+        ),
+        "torchrun_variables": ("torchrun_layer",),
+        "environment": ("Seen", "seen_by_the_script"),
+    },
+)

@@ -30,16 +30,21 @@ def _as_file(script: str) -> str:
     return f"./{script}" if script.startswith("-") else script
 
 
-def child_environment(settings: Profile, device: str, machine: Machine,
-                      environ: Mapping[str, str], multi: bool,
-                      here: int | None = None) -> dict[str, str]:
+def child_environment(
+    settings: Profile,
+    device: str,
+    machine: Machine,
+    environ: Mapping[str, str],
+    multi: bool,
+    here: int | None = None,
+) -> dict[str, str]:
     """Variables the child gets on top of the user's environment (the README's table). `here`:
     the processes that share this machine (num_processes; SLURM's tasks on it in rank mode)."""
-    here = settings.num_processes if here is None else here
+    here = settings.processes if here is None else here
     env = {
         "MPSLAUNCH_DEVICE": device,
         "MPSLAUNCH_MIXED_PRECISION": settings.mixed_precision,
-        "MPSLAUNCH_NUM_PROCESSES": str(settings.num_processes * settings.num_machines),
+        "MPSLAUNCH_NUM_PROCESSES": str(settings.processes * settings.num_machines),
         # What an unmodified Accelerator() reads
         # (docs/mps-facts.md: How Accelerate passes a plan to a script).
         "ACCELERATE_USE_CPU": "true" if device == "cpu" else "false",
@@ -87,7 +92,9 @@ def mps_environment(settings: Profile, environ: Mapping[str, str]) -> dict[str, 
     if high_text is None and settings.mps_memory_cap is not None:
         high_text = env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] = _ratio_text(settings.mps_memory_cap)
     if high_text is not None:
-        env.update(_low_watermark(_parse_ratio("PYTORCH_MPS_HIGH_WATERMARK_RATIO", high_text), environ))
+        env.update(
+            _low_watermark(_parse_ratio("PYTORCH_MPS_HIGH_WATERMARK_RATIO", high_text), environ)
+        )
     return env
 
 
@@ -100,7 +107,8 @@ def _low_watermark(high: float, environ: Mapping[str, str]) -> dict[str, str]:
         if low > limit:
             raise MpslaunchError(
                 f"PYTORCH_MPS_LOW_WATERMARK_RATIO={low_text} is above the high watermark {high}, "
-                "which torch refuses at start; lower it or unset it and mpslaunch picks one")
+                "which torch refuses at start; lower it or unset it and mpslaunch picks one"
+            )
         return {}
     if _DEFAULT_LOW_WATERMARK <= limit:
         return {}
@@ -115,8 +123,9 @@ def _parse_ratio(name: str, text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0.0 <= value <= MPS_WATERMARK_MAX:
-        raise MpslaunchError(f"{name}={text!r} must be a number from 0.0 to "
-                             f"{MPS_WATERMARK_MAX}; fix or unset it")
+        raise MpslaunchError(
+            f"{name}={text!r} must be a number from 0.0 to {MPS_WATERMARK_MAX}; fix or unset it"
+        )
     return value
 
 
@@ -135,27 +144,34 @@ def with_gpu_ids(machine: Machine, settings: Settings, environ: Mapping[str, str
         return machine
     source = settings.named("gpu_ids")
     if "CUDA_VISIBLE_DEVICES" in environ:
-        raise MpslaunchError(f"{source} and CUDA_VISIBLE_DEVICES="
-                             f"{environ['CUDA_VISIBLE_DEVICES']} both choose GPUs; unset one of them")
+        raise MpslaunchError(
+            f"{source} and CUDA_VISIBLE_DEVICES="
+            f"{environ['CUDA_VISIBLE_DEVICES']} both choose GPUs; unset one of them"
+        )
     ids = [int(part) for part in gpu_ids.split(",")]
     count = len(machine.cuda_devices)
     if max(ids) >= count or len(set(ids)) != len(ids):
-        raise MpslaunchError(f"{source} names GPUs this machine does not have, or one "
-                             f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
-                             f"(numbers 0 to {count - 1})")
+        raise MpslaunchError(
+            f"{source} names GPUs this machine does not have, or one "
+            f"twice: {count} NVIDIA GPU{'s are' if count != 1 else ' is'} visible "
+            f"(numbers 0 to {count - 1})"
+        )
     return machine._replace(cuda_devices=tuple(machine.cuda_devices[i] for i in ids))
 
 
 def check_multi_gpu(options: LaunchOptions, settings: Profile, device: str) -> None:
-    world = settings.num_processes * settings.num_machines
+    world = settings.processes * settings.num_machines
     if options.multi_gpu and not (device == "cuda" and world > 1):
         raise MpslaunchError(
             f"--multi_gpu asks for several GPUs, but the plan is {world} process"
             f"{'es' if world > 1 else ''} on {device}; mpslaunch starts one process per visible "
-            "NVIDIA GPU without it, so drop --multi_gpu, or what asks for one process")
+            "NVIDIA GPU without it, so drop --multi_gpu, or what asks for one process"
+        )
 
 
-def accelerate_environment(request: LaunchOptions, settings: Profile, device: str) -> dict[str, str]:
+def accelerate_environment(
+    request: LaunchOptions, settings: Profile, device: str
+) -> dict[str, str]:
     """The variables `accelerate launch` sets for these options (accelerate/utils/launch.py)."""
     env = {}
     if device == "cuda" and settings.gpu_ids not in (None, "all"):
@@ -163,51 +179,71 @@ def accelerate_environment(request: LaunchOptions, settings: Profile, device: st
     if request.num_cpu_threads_per_process is not None:
         env["OMP_NUM_THREADS"] = str(request.num_cpu_threads_per_process)
     if settings.dynamo_backend != "no":
-        env.update({
-            "ACCELERATE_DYNAMO_BACKEND": settings.dynamo_backend.upper(),
-            "ACCELERATE_DYNAMO_MODE": settings.dynamo_mode,
-            "ACCELERATE_DYNAMO_USE_FULLGRAPH": str(settings.dynamo_use_fullgraph),
-            "ACCELERATE_DYNAMO_USE_DYNAMIC": str(settings.dynamo_use_dynamic),
-            "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": str(settings.dynamo_use_regional_compilation),
-        })
+        env.update(
+            {
+                "ACCELERATE_DYNAMO_BACKEND": settings.dynamo_backend.upper(),
+                "ACCELERATE_DYNAMO_MODE": settings.dynamo_mode,
+                "ACCELERATE_DYNAMO_USE_FULLGRAPH": str(settings.dynamo_use_fullgraph),
+                "ACCELERATE_DYNAMO_USE_DYNAMIC": str(settings.dynamo_use_dynamic),
+                "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": str(
+                    settings.dynamo_use_regional_compilation
+                ),
+            }
+        )
     if settings.debug:
         env["ACCELERATE_DEBUG_MODE"] = "true"
     return env
 
 
-def accelerate_notes(request: LaunchOptions, settings: Settings, device: str,
-                     env: Mapping[str, str]) -> tuple[str, ...]:
+def accelerate_notes(
+    request: LaunchOptions, settings: Settings, device: str, env: Mapping[str, str]
+) -> tuple[str, ...]:
     """For --dry_run: what each of Accelerate's options given became."""
     notes = []
     if request.multi_gpu:
         notes.append(f"--multi_gpu: checked: {settings.num_processes} processes, one per GPU")
     if "CUDA_VISIBLE_DEVICES" in env:
-        notes.append(f"{settings.named('gpu_ids')}: CUDA_VISIBLE_DEVICES="
-                     f"{env['CUDA_VISIBLE_DEVICES']} for the ranks, and only these GPUs count")
+        notes.append(
+            f"{settings.named('gpu_ids')}: CUDA_VISIBLE_DEVICES="
+            f"{env['CUDA_VISIBLE_DEVICES']} for the ranks, and only these GPUs count"
+        )
     if request.num_cpu_threads_per_process is not None:
-        notes.append(f"--num_cpu_threads_per_process {request.num_cpu_threads_per_process}: "
-                     f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+        notes.append(
+            f"--num_cpu_threads_per_process {request.num_cpu_threads_per_process}: "
+            f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}"
+        )
     if "ACCELERATE_DYNAMO_BACKEND" in env:
         dynamo = " ".join(f"{key}={value}" for key, value in env.items() if "_DYNAMO_" in key)
         notes.append(f"{settings.named('dynamo_backend')}: {dynamo}")
     if settings.debug:
         notes.append(f"{settings.named('debug')}: ACCELERATE_DEBUG_MODE=true")
     if request.tee is not None:
-        notes.append(f"--tee {request.tee}: every rank's output always reaches the console "
-                     "(prefixed [rankN]), and with --log_dir also its files")
+        notes.append(
+            f"--tee {request.tee}: every rank's output always reaches the console "
+            "(prefixed [rankN]), and with --log_dir also its files"
+        )
     if request.monitor_interval is not None:
-        notes.append(f"--monitor_interval {request.monitor_interval:g}: torch.distributed.run's "
-                     "--monitor-interval")
+        notes.append(
+            f"--monitor_interval {request.monitor_interval:g}: torch.distributed.run's "
+            "--monitor-interval"
+        )
     return tuple(notes)
 
 
 # What only torch.distributed.run uses: nothing to do with one process.
-SEVERAL_PROCESS_OPTIONS = ("max_restarts", "rdzv_backend", "main_process_ip", "main_process_port",
-                           "machine_rank", "monitor_interval")
+SEVERAL_PROCESS_OPTIONS = (
+    "max_restarts",
+    "rdzv_backend",
+    "main_process_ip",
+    "main_process_port",
+    "machine_rank",
+    "monitor_interval",
+)
 
 
-def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bool,
-              rank_mode: bool = False) -> tuple[str, ...]:
+def no_effect(
+    request: LaunchOptions, settings: Settings, device: str, multi: bool, rank_mode: bool = False
+) -> tuple[str, ...]:
     """Options given that change nothing in this plan, named rather than silently dropped (in
     rank mode the machines are SLURM's tasks, and --num_processes, 1, is each task's)."""
     warnings = []
@@ -215,15 +251,20 @@ def no_effect(request: LaunchOptions, settings: Settings, device: str, multi: bo
         warnings.append(f"{settings.named('gpu_ids')} has no effect on {device}")
     idle = [f"--{key}" for key in SEVERAL_PROCESS_OPTIONS if getattr(request, key) is not None]
     if idle and not multi:
-        warnings.append(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with "
-                        "one process")
+        warnings.append(
+            f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect with one process"
+        )
     if rank_mode and request.monitor_interval is not None:
-        warnings.append("--monitor_interval has no effect here: SLURM started the ranks, and no "
-                        "torch agent watches them")
+        warnings.append(
+            "--monitor_interval has no effect here: SLURM started the ranks, and no "
+            "torch agent watches them"
+        )
     if request.num_processes is not None and settings.num_machines > 1 and not rank_mode:
         # Accelerate's --num_processes counts every machine's processes; an Accelerate habit here
         # would start num_machines times too many.
         total = request.num_processes * settings.num_machines
-        warnings.append(f"--num_processes {request.num_processes} counts this machine's processes "
-                        f"(Accelerate's counts every machine's): {total} in all")
+        warnings.append(
+            f"--num_processes {request.num_processes} counts this machine's processes "
+            f"(Accelerate's counts every machine's): {total} in all"
+        )
     return tuple(warnings)

@@ -11,21 +11,47 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.machine import Machine
 from mpslaunch.output import MpslaunchError, one_line, shell_words
-from mpslaunch.plan.child import (accelerate_environment, accelerate_notes,
-                                  check_multi_gpu, child_command, child_environment, no_effect,
-                                  other_launchers_variables, replaced_values, with_gpu_ids)
+from mpslaunch.plan.child import (
+    accelerate_environment,
+    accelerate_notes,
+    check_multi_gpu,
+    child_command,
+    child_environment,
+    no_effect,
+    other_launchers_variables,
+    replaced_values,
+    with_gpu_ids,
+)
 from mpslaunch.plan.device import check_precision, choose_device, dynamo_problem
 from mpslaunch.plan.environment import REMOVED_WHY
 from mpslaunch.plan.known_faults import warnings_for
-from mpslaunch.plan.processes import (check_processes, default_processes, main_address_problem,
-                                      own_name_problem, several_machines_settings)
+from mpslaunch.plan.processes import (
+    check_processes,
+    default_processes,
+    main_address_problem,
+    own_name_problem,
+    several_machines_settings,
+)
 from mpslaunch.plan.slurm import Place, rank_mode_problem, rank_variables
-from mpslaunch.settings import (DEFAULT_GRACE_SECONDS, DEFAULT_PORT, LaunchOptions, LaunchRequest,
-                                Layer, Profile, ProfileFile, Settings, check_profile, file_layer,
-                                merge, options_layer, profile_layer, request_problem)
+from mpslaunch.settings import (
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_PORT,
+    LaunchOptions,
+    LaunchRequest,
+    Layer,
+    Profile,
+    ProfileFile,
+    Settings,
+    check_profile,
+    file_layer,
+    merge,
+    options_layer,
+    profile_layer,
+    request_problem,
+)
 
 # The engines that run a plan: "single", one child process; "torchrun", torch.distributed.run.
 # Each has its module in run/__init__.py's ENGINES.
@@ -34,7 +60,7 @@ ENGINES = (SINGLE, TORCHRUN)
 
 
 @record
-class Decision:
+class Decision(Record):
     """What runs where, for any target: the device, the settings, the engine, the variables.
     Each setting is read in one place, `settings` (with where it came from); `device` is the
     device chosen for the setting's `auto`, `mps`, `cuda` or `cpu`."""
@@ -58,11 +84,16 @@ class Decision:
 
     @property
     def world_size(self) -> int:
-        return self.settings.num_processes * self.settings.num_machines
+        return self.settings.processes * self.settings.num_machines
+
+    @property
+    def rank_place(self) -> Place | None:
+        """The SLURM step's place in rank mode, else None."""
+        return self.cluster if self.cluster is not None and self.cluster.rank_mode else None
 
     @property
     def rank_mode(self) -> bool:
-        return self.cluster is not None and self.cluster.rank_mode
+        return self.rank_place is not None
 
     @property
     def delivers_signals(self) -> bool:
@@ -74,16 +105,20 @@ class Decision:
     def silent_rank(self) -> bool:
         """Rank mode, not rank 0: rank 0's launcher says the plan, its warnings and its end for
         every task, and this one speaks only of a failure, so a node of 8 tasks prints one plan."""
-        return self.rank_mode and self.cluster.rank != 0
+        place = self.rank_place
+        return place is not None and place.rank != 0
 
     def choice(self) -> str:
         """One line: the device and why, the precision, the processes (and the SLURM step)."""
-        count, machines = self.settings.num_processes, self.settings.num_machines
+        count, machines = self.settings.processes, self.settings.num_machines
         processes = f"{count} process" + ("es" if count > 1 else "")
-        if self.rank_mode:
-            nodes = self.cluster.num_nodes
-            processes = (f"1 process of {self.world_size}, {self.cluster.local_world} on each of "
-                         f"{nodes} node{'s' if nodes > 1 else ''}")
+        place = self.rank_place
+        if place is not None:
+            nodes = place.num_nodes
+            processes = (
+                f"1 process of {self.world_size}, {place.local_world} on each of "
+                f"{nodes} node{'s' if nodes > 1 else ''}"
+            )
         elif machines > 1:
             processes += f" on each of {machines} machines"
         if self.one_per_gpu and count > 1:
@@ -115,39 +150,54 @@ class LaunchPlan(Decision):
             line += f"; output also in {self.log_dir}"
         if self.replaced:
             line += "; replaced in your environment: " + ", ".join(
-                f"{key}={old} (now {self.env[key]})" for key, old in sorted(self.replaced.items()))
+                f"{key}={old} (now {self.env[key]})" for key, old in sorted(self.replaced.items())
+            )
         if self.removed:
             line += f"; removed from the script's environment ({REMOVED_WHY}): " + ", ".join(
-                f"{key}={value}" for key, value in sorted(self.removed.items()))
+                f"{key}={value}" for key, value in sorted(self.removed.items())
+            )
         return one_line(line)  # a folder or a value with a newline must not start a line
 
     def describe(self) -> str:
         """What --dry_run prints: the plan, the command and the variables it adds."""
-        settings = self.settings
+        settings, place = self.settings, self.rank_place
         lines = [
             f"device:          {self.device} ("
-            + ("auto, " if settings.device == "auto" else "") + f"{settings.origin('device')})",
+            + ("auto, " if settings.device == "auto" else "")
+            + f"{settings.origin('device')})",
             f"reason:          {self.reason}",
             f"mixed precision: {settings.mixed_precision} ({settings.origin('mixed_precision')})",
-            *(_rank_lines(settings, self.cluster) if self.rank_mode else
-              [f"processes:       {_processes_text(settings, self.one_per_gpu)}",
-               *_machines_lines(settings)]),
+            *(
+                _rank_lines(settings, place)
+                if place is not None
+                else [
+                    f"processes:       {_processes_text(settings, self.one_per_gpu)}",
+                    *_machines_lines(settings),
+                ]
+            ),
             *([f"cluster:         {self.cluster.line(settings)}"] if self.cluster else []),
             f"engine:          {self.engine}",
-            *(["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
-              if self.keep_awake else []),
+            *(
+                ["keep awake:      caffeinate -i -w <launcher pid> while the run lasts"]
+                if self.keep_awake
+                else []
+            ),
             f"command:         {shell_words(self.command)}",
             "environment added:",
-            *(f"  {key}={one_line(value)}" + (f"   replaced (was {self.replaced[key]})"
-                                     if key in self.replaced else "")
-              for key, value in sorted(self.env.items())),
+            *(
+                f"  {key}={one_line(value)}"
+                + (f"   replaced (was {self.replaced[key]})" if key in self.replaced else "")
+                for key, value in sorted(self.env.items())
+            ),
         ]
         if self.removed:
             lines.append(f"environment removed ({REMOVED_WHY}):")
             lines += [f"  {key}={value}" for key, value in sorted(self.removed.items())]
         if self.log_dir and self.engine == "single":
-            lines.append(f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
-                         "stdout.log and stderr.log")
+            lines.append(
+                f"output also in:  {self.log_dir}/mpslaunch-<date>-<time>-<pid>/"
+                "stdout.log and stderr.log"
+            )
         lines += [f"accelerate option {text}" for text in self.accelerate_notes]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(map(one_line, lines))
@@ -155,10 +205,12 @@ class LaunchPlan(Decision):
 
 def _processes_text(settings: Settings, one_per_gpu: bool) -> str:
     """`2 per machine (--num_processes), 1 machine (default)`: the counts and where they came from."""
-    count, machines = settings.num_processes, settings.num_machines
+    count, machines = settings.processes, settings.num_machines
     each = "one per visible GPU, " if one_per_gpu and count > 1 else ""
-    return (f"{count} per machine ({each}{settings.origin('num_processes')}), {machines} machine"
-            f"{'s' if machines > 1 else ''} ({settings.origin('num_machines')})")
+    return (
+        f"{count} per machine ({each}{settings.origin('num_processes')}), {machines} machine"
+        f"{'s' if machines > 1 else ''} ({settings.origin('num_machines')})"
+    )
 
 
 def _machines_lines(settings: Settings) -> list[str]:
@@ -166,32 +218,43 @@ def _machines_lines(settings: Settings) -> list[str]:
     each with where it came from."""
     if settings.num_machines < 2:
         return []
-    rank = (f"{settings.machine_rank} ({settings.origin('machine_rank')})"
-            if settings.rdzv_backend == "static" else "given at the rendezvous (c10d)")
+    rank = (
+        f"{settings.machine_rank} ({settings.origin('machine_rank')})"
+        if settings.rdzv_backend == "static"
+        else "given at the rendezvous (c10d)"
+    )
     # Port 0 cannot be agreed between machines: torchrun's default is used (run/torchrun).
     port = settings.main_process_port or DEFAULT_PORT
-    return [f"machine rank:    {rank}",
-            f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
-            f"port {port} ({settings.origin('main_process_port')})",
-            f"rendezvous:      {settings.rdzv_backend} ({settings.origin('rdzv_backend')}), the "
-            f"machines wait {settings.rdzv_timeout} s at most ({settings.origin('rdzv_timeout')})"]
+    return [
+        f"machine rank:    {rank}",
+        f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
+        f"port {port} ({settings.origin('main_process_port')})",
+        f"rendezvous:      {settings.rdzv_backend} ({settings.origin('rdzv_backend')}), the "
+        f"machines wait {settings.rdzv_timeout} s at most ({settings.origin('rdzv_timeout')})",
+    ]
 
 
 def _rank_lines(settings: Settings, place: Place) -> list[str]:
     """Rank mode: SLURM started this task as one rank of the world; where each number came from."""
-    return [f"processes:       1 in this task ({settings.origin('num_processes')}), one rank of "
-            f"{settings.num_machines} tasks ({settings.origin('num_machines')}), "
-            f"{place.local_world} on each of {place.num_nodes} nodes",
-            f"rank:            {place.rank} ({settings.origin('machine_rank')}), local rank "
-            f"{place.local_rank} (SLURM_LOCALID), node {place.node_rank + 1} of {place.num_nodes} "
-            f"({place.node})",
-            f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
-            f"port {settings.main_process_port or DEFAULT_PORT} "
-            f"({settings.origin('main_process_port')}), where rank 0 serves the script's store"]
+    return [
+        f"processes:       1 in this task ({settings.origin('num_processes')}), one rank of "
+        f"{settings.num_machines} tasks ({settings.origin('num_machines')}), "
+        f"{place.local_world} on each of {place.num_nodes} nodes",
+        f"rank:            {place.rank} ({settings.origin('machine_rank')}), local rank "
+        f"{place.local_rank} (SLURM_LOCALID), node {place.node_rank + 1} of {place.num_nodes} "
+        f"({place.node})",
+        f"main address:    {settings.main_process_ip} ({settings.origin('main_process_ip')}), "
+        f"port {settings.main_process_port or DEFAULT_PORT} "
+        f"({settings.origin('main_process_port')}), where rank 0 serves the script's store",
+    ]
 
 
-def decide(profile: Profile | ProfileFile, options: LaunchOptions, machine: Machine,
-           environ: Mapping[str, str]) -> Decision:
+def decide(
+    profile: Profile | ProfileFile,
+    options: LaunchOptions,
+    machine: Machine,
+    environ: Mapping[str, str],
+) -> Decision:
     """The device, precision, processes and variables for these options over this profile,
     whatever the target: a profile file as read (its values named by its file), or a Profile
     made in Python (its values that differ from the defaults are the profile's)."""
@@ -203,35 +266,43 @@ def decide(profile: Profile | ProfileFile, options: LaunchOptions, machine: Mach
     return decide_settings(settings, options, machine, environ)
 
 
-def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine,
-                    environ: Mapping[str, str], cluster: Place | None = None) -> Decision:
+def decide_settings(
+    settings: Settings,
+    options: LaunchOptions,
+    machine: Machine,
+    environ: Mapping[str, str],
+    cluster: Place | None = None,
+) -> Decision:
     """decide() for `settings`, what settle() made of the layers (`options` among them);
     `cluster`: where this launcher stands in the SLURM step whose layers were settled."""
     machine = with_gpu_ids(machine, settings, environ)
     device, reason = choose_device(settings, machine)
-    rank_mode = cluster is not None and cluster.rank_mode
-    problem = rank_mode_problem(cluster, device, machine, environ) if rank_mode else None
+    rank_place = cluster if cluster is not None and cluster.rank_mode else None
+    rank_mode = rank_place is not None
+    problem = rank_mode_problem(rank_place, device, machine, environ) if rank_place else None
     if problem:
         raise MpslaunchError(problem)
     one_per_gpu = settings.num_processes is None
     if one_per_gpu:
         settings = settings.replace(num_processes=default_processes(device, machine))
     check_precision(settings, device, machine)
-    problem = dynamo_problem(settings.dynamo_backend, device, machine,
-                             settings.named("dynamo_backend"))
+    problem = dynamo_problem(
+        settings.dynamo_backend, device, machine, settings.named("dynamo_backend")
+    )
     if problem:
         raise MpslaunchError(problem)
     check_processes(settings, device, machine)
     check_multi_gpu(options, settings, device)
-    problem = main_address_problem(settings, machine) or own_name_problem(settings, device, machine,
-                                                                          environ)
+    problem = main_address_problem(settings, machine) or own_name_problem(
+        settings, device, machine, environ
+    )
     if problem:
         raise MpslaunchError(problem)
-    multi = settings.num_processes > 1 or settings.num_machines > 1
-    here = cluster.local_world if rank_mode else settings.num_processes
+    multi = settings.processes > 1 or settings.num_machines > 1
+    here = rank_place.local_world if rank_place else settings.processes
     env = child_environment(settings, device, machine, environ, multi, here)
-    if rank_mode:
-        env.update(rank_variables(cluster, settings))
+    if rank_place:
+        env.update(rank_variables(rank_place, settings))
     env.update(accelerate_environment(options, settings, device))
     return Decision(
         device=device,
@@ -254,12 +325,15 @@ def decide_settings(settings: Settings, options: LaunchOptions, machine: Machine
 def for_target(decision: Decision, request: LaunchRequest, machine: Machine) -> LaunchPlan:
     """The plan that runs the request's target with this decision."""
     if request.no_python and request.module:
-        raise MpslaunchError("-m and --no_python cannot be used together: -m runs a module with "
-                             "python; give one of them")
+        raise MpslaunchError(
+            "-m and --no_python cannot be used together: -m runs a module with "
+            "python; give one of them"
+        )
     decided = decision._asdict()
     if request.no_python:
-        decided["accelerate_notes"] += (f"--no_python: each process runs {request.target} "
-                                        "itself, not with python",)
+        decided["accelerate_notes"] += (
+            f"--no_python: each process runs {request.target} itself, not with python",
+        )
     return LaunchPlan(
         **decided,
         command=child_command(request, machine),
@@ -271,8 +345,12 @@ def for_target(decision: Decision, request: LaunchRequest, machine: Machine) -> 
     )
 
 
-def resolve(profile: Profile | ProfileFile, request: LaunchRequest, machine: Machine,
-            environ: Mapping[str, str]) -> LaunchPlan:
+def resolve(
+    profile: Profile | ProfileFile,
+    request: LaunchRequest,
+    machine: Machine,
+    environ: Mapping[str, str],
+) -> LaunchPlan:
     """decide(), then the command for the request's target."""
     return for_target(decide(profile, request, machine, environ), request, machine)
 
@@ -300,14 +378,24 @@ def settle(*layers: Layer) -> Settings:
 
 def _warnings(settings: Profile, device: str, machine: Machine) -> tuple[str, ...]:
     found = []
-    if device == "cpu" and settings.num_processes > machine.cpu_count:
-        found.append(f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
-                     "expect them to be slower than fewer processes")
+    if device == "cpu" and settings.processes > machine.cpu_count:
+        found.append(
+            f"{settings.num_processes} processes share {machine.cpu_count} CPU cores; "
+            "expect them to be slower than fewer processes"
+        )
     if device == "mps" and machine.virtual_machine:
-        found.append("mps in a macOS virtual machine is known to fail (allocations refused, "
-                     "results that differ); --device auto plans cpu here")
-    found += warnings_for(machine.torch_version, machine.chip, machine.macos_version,
-                          settings.mixed_precision, device, machine.accelerate_version)
+        found.append(
+            "mps in a macOS virtual machine is known to fail (allocations refused, "
+            "results that differ); --device auto plans cpu here"
+        )
+    found += warnings_for(
+        machine.torch_version,
+        machine.chip,
+        machine.macos_version,
+        settings.mixed_precision,
+        device,
+        machine.accelerate_version,
+    )
     return (*found, *_sleep_warnings(settings, machine))
 
 
@@ -319,9 +407,13 @@ def _sleep_warnings(settings: Profile, machine: Machine) -> tuple[str, ...]:
     if not (settings.keep_awake and machine.is_mac):
         return ()
     if not machine.caffeinate:
-        return ("caffeinate is not on PATH (it is /usr/bin/caffeinate), so nothing keeps this "
-                f"Mac awake: it may sleep and pause the run; {_SILENCE_SLEEP}",)
+        return (
+            "caffeinate is not on PATH (it is /usr/bin/caffeinate), so nothing keeps this "
+            f"Mac awake: it may sleep and pause the run; {_SILENCE_SLEEP}",
+        )
     if machine.on_battery:
-        return ("this Mac runs on its battery: closing the lid sleeps it and pauses the run; "
-                + _SILENCE_SLEEP,)
+        return (
+            "this Mac runs on its battery: closing the lid sleeps it and pauses the run; "
+            + _SILENCE_SLEEP,
+        )
     return ()

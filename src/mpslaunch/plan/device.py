@@ -16,18 +16,26 @@ def choose_device(settings: Settings, machine: Machine) -> tuple[str, str]:
     wanted = settings.device
     if wanted == "cpu":
         # The plan line names a file's choice as the profile's, keeping the line short.
-        asker = "the profile" if settings.kind("device") in (PROFILE, ACCELERATE) \
+        asker = (
+            "the profile"
+            if settings.kind("device") in (PROFILE, ACCELERATE)
             else settings.named("device")
+        )
         return "cpu", f"cpu: asked for by {asker}"
     if wanted in ("mps", "cuda"):
         problem = mps_problem(machine) if wanted == "mps" else cuda_problem(machine)
         if problem:
-            raise MpslaunchError(f"{settings.named('device')} asks for {wanted}, but {problem}; "
-                                 "use --device auto to pick what this machine has, or --cpu")
+            raise MpslaunchError(
+                f"{settings.named('device')} asks for {wanted}, but {problem}; "
+                "use --device auto to pick what this machine has, or --cpu"
+            )
         return wanted, _describe(wanted, machine)
     # In a VM, say so before torch's verdict: a small check can pass there and training fail.
-    mps_auto_problem = (platform_mps_problem(machine) or virtual_machine_problem(machine)
-                        or torch_mps_problem(machine))
+    mps_auto_problem = (
+        platform_mps_problem(machine)
+        or virtual_machine_problem(machine)
+        or torch_mps_problem(machine)
+    )
     for device, problem in (("mps", mps_auto_problem), ("cuda", cuda_problem(machine))):
         if problem is None:
             return device, _describe(device, machine)
@@ -56,9 +64,11 @@ def platform_mps_problem(machine: Machine) -> str | None:
         return f"mps needs a Mac with Apple silicon and this is {machine.system} {machine.arch}"
     if machine.rosetta:
         # An x86_64 Python under Rosetta has no MPS (docs/mps-facts.md: Detecting MPS).
-        return ("this Python is an x86_64 build running under Rosetta, which has no mps; "
-                "install an arm64 Python (python.org, Homebrew in /opt/homebrew, or conda "
-                "osx-arm64) and torch inside it")
+        return (
+            "this Python is an x86_64 build running under Rosetta, which has no mps; "
+            "install an arm64 Python (python.org, Homebrew in /opt/homebrew, or conda "
+            "osx-arm64) and torch inside it"
+        )
     if machine.arch != "arm64":
         # The last x86_64 macOS wheels are torch 2.2 (docs/mps-facts.md: Detecting MPS).
         return "this is an Intel Mac; mps training needs Apple silicon"
@@ -66,9 +76,11 @@ def platform_mps_problem(machine: Machine) -> str | None:
         return f"torch is not installed for {machine.python}; run `pip install torch`"
     needed = mps_minimum_macos(machine.torch_version)
     if machine.macos_version and machine.macos_version < needed:
-        return (f"torch {machine.torch_version} needs macOS {'.'.join(map(str, needed))} or later "
-                f"for mps and this Mac runs macOS {machine.macos_text}; update macOS, or install "
-                f"{_older_torch_for(machine.macos_version)}")
+        return (
+            f"torch {machine.torch_version} needs macOS {'.'.join(map(str, needed))} or later "
+            f"for mps and this Mac runs macOS {machine.macos_text}; update macOS, or install "
+            f"{_older_torch_for(machine.macos_version)}"
+        )
     return None
 
 
@@ -77,8 +89,10 @@ def torch_mps_problem(machine: Machine) -> str | None:
     version rule predicts, such as a macOS 26 release that torch does not take yet."""
     answer = machine.mps_answer
     if machine.is_mac and answer is not None and not answer.usable:
-        return (f"torch {machine.torch_version} cannot use mps on this Mac: {answer.detail} "
-                f"(checked {answer.checked_at}); {answer.fix}")
+        return (
+            f"torch {machine.torch_version} cannot use mps on this Mac: {answer.detail} "
+            f"(checked {answer.checked_at}); {answer.fix}"
+        )
     return None
 
 
@@ -86,9 +100,11 @@ def virtual_machine_problem(machine: Machine) -> str | None:
     """Why auto avoids mps in a macOS virtual machine, where torch says yes and allocations then
     fail (docs/mps-facts.md: Where torch's own answer and the platform disagree)."""
     if machine.is_mac and machine.virtual_machine:
-        return ("this Mac is a virtual machine (kern.hv_vmm_present=1), where mps is "
-                "paravirtualised and known to fail (GitHub's macOS runners are such machines); "
-                "--device mps tries it anyway")
+        return (
+            "this Mac is a virtual machine (kern.hv_vmm_present=1), where mps is "
+            "paravirtualised and known to fail (GitHub's macOS runners are such machines); "
+            "--device mps tries it anyway"
+        )
     return None
 
 
@@ -105,8 +121,10 @@ def cuda_problem(machine: Machine) -> str | None:
     if not machine.torch_version:
         return f"torch is not installed for {machine.python}; run `pip install torch`"
     if not machine.torch_cuda:
-        return (f"torch {machine.torch_version} is a CPU-only build; install a CUDA build of "
-                "torch (see pytorch.org's install selector)")
+        return (
+            f"torch {machine.torch_version} is a CPU-only build; install a CUDA build of "
+            "torch (see pytorch.org's install selector)"
+        )
     return None
 
 
@@ -126,8 +144,9 @@ def check_precision(settings: Settings, device: str, machine: Machine) -> None:
     refusal = precision_refusal(precision, device, machine)
     if refusal:
         why, advice = refusal
-        raise MpslaunchError(f"{settings.named('mixed_precision')} asks for {precision}, but "
-                             f"{why}; {advice}")
+        raise MpslaunchError(
+            f"{settings.named('mixed_precision')} asks for {precision}, but {why}; {advice}"
+        )
 
 
 def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[str, str] | None:
@@ -136,21 +155,30 @@ def precision_refusal(precision: str, device: str, machine: Machine) -> tuple[st
     torch_release = version_tuple(machine.torch_version)
     if precision == "fp16" and device == "cpu":
         # Accelerate turns fp16 on cpu into plain fp32 without a word; we say so instead.
-        return ("fp16 mixed precision does not run on cpu (Accelerate would silently train in "
-                "fp32)", "use --mixed_precision bf16 on cpu, or no")
+        return (
+            "fp16 mixed precision does not run on cpu (Accelerate would silently train in fp32)",
+            "use --mixed_precision bf16 on cpu, or no",
+        )
     if precision == "fp16" and device == "mps" and torch_release < (2, 8):
         # GradScaler works on mps from torch 2.8 (docs/mps-facts.md: Precision).
-        return (f"fp16 training on mps needs torch 2.8 or later (GradScaler on mps), this is "
-                f"torch {machine.torch_version}", "upgrade torch, or use --mixed_precision no")
+        return (
+            f"fp16 training on mps needs torch 2.8 or later (GradScaler on mps), this is "
+            f"torch {machine.torch_version}",
+            "upgrade torch, or use --mixed_precision no",
+        )
     if precision == "bf16" and device == "mps":
         if machine.macos_version and machine.macos_version < (14, 0):
             # bfloat16 on MPS needs macOS 14 (docs/mps-facts.md: Precision).
-            return (f"bf16 on mps needs macOS 14 or later and this Mac runs macOS "
-                    f"{machine.macos_text}", "use --mixed_precision fp16 (torch 2.8 or later) or no")
+            return (
+                f"bf16 on mps needs macOS 14 or later and this Mac runs macOS {machine.macos_text}",
+                "use --mixed_precision fp16 (torch 2.8 or later) or no",
+            )
         if torch_release < (2, 6):
             # bf16 autocast on mps needs torch 2.6 (docs/mps-facts.md: Precision).
-            return (f"bf16 on mps needs torch 2.6 or later, this is torch {machine.torch_version}",
-                    "upgrade torch, or use --mixed_precision no")
+            return (
+                f"bf16 on mps needs torch 2.6 or later, this is torch {machine.torch_version}",
+                "upgrade torch, or use --mixed_precision no",
+            )
     return None
 
 
@@ -169,6 +197,8 @@ def dynamo_problem(backend: str, device: str, machine: Machine, named: str) -> s
     if version_tuple(machine.torch_version) >= MPS_COMPILE_TORCH:
         return None
     needed = ".".join(map(str, MPS_COMPILE_TORCH))
-    return (f"{named} asks torch.compile for mps, which compiles for mps from torch "
-            f"{needed} and this is torch {machine.torch_version}; install it with "
-            f"`pip install -U 'torch>={needed}'`, or use --dynamo_backend aot_eager or no")
+    return (
+        f"{named} asks torch.compile for mps, which compiles for mps from torch "
+        f"{needed} and this is torch {machine.torch_version}; install it with "
+        f"`pip install -U 'torch>={needed}'`, or use --dynamo_backend aot_eager or no"
+    )

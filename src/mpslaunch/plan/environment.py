@@ -13,10 +13,24 @@ from collections import namedtuple
 # forever. A plan for one process is mpslaunch's: the child does not get them, and the summary
 # and --dry_run name them. (Several processes get torchrun's own values from torch's agent.)
 OTHER_LAUNCHERS_VARIABLES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PMI_SIZE",
+    "PMI_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MV2_COMM_WORLD_SIZE",
+    "MV2_COMM_WORLD_RANK",
 )
 REMOVED_WHY = "another launcher's; this plan is one process"
 
@@ -29,9 +43,17 @@ def is_other_launchers_variable(key: str) -> bool:
 # those values can be with world_size processes in all.
 _TORCHRUN_RANKS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
 _TORCHRUN_SIZES = ("WORLD_SIZE", "ROLE_WORLD_SIZE")
-_TORCHRUN_OTHERS = ("LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-                    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-                    "TORCHELASTIC_USE_AGENT_STORE")
+_TORCHRUN_OTHERS = (
+    "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 
 class Seen(namedtuple("Seen", "present values", defaults=(None,))):

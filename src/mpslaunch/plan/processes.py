@@ -30,27 +30,33 @@ def processes_problem(settings: Profile, device: str, machine: Machine) -> str |
     """Why this many processes and machines cannot run on this device here, or None; the
     message names the number of processes and where it came from (Settings.named)."""
     asked = settings.named("num_processes")
-    if device == "mps" and (settings.num_processes > 1 or settings.num_machines > 1):
+    if device == "mps" and (settings.processes > 1 or settings.num_machines > 1):
         # gloo and nccl do not work with mps tensors (docs/mps-facts.md: Training on a Mac).
-        asked = (f"{settings.num_processes} processes ({asked})" if settings.num_processes > 1
-                 else f"{settings.num_machines} machines ({settings.named('num_machines')})")
+        asked = (
+            f"{settings.processes} processes ({asked})"
+            if settings.processes > 1
+            else f"{settings.num_machines} machines ({settings.named('num_machines')})"
+        )
         return (
             f"{asked} cannot train on mps: only one process can use a Mac's GPU, and the "
             "distributed backends (gloo, nccl) do not work with mps tensors; run one mps process "
-            f"(--num_processes 1), or use --cpu --num_processes {max(settings.num_processes, 2)} "
-            "for several CPU processes, or a machine with several NVIDIA GPUs")
+            f"(--num_processes 1), or use --cpu --num_processes {max(settings.processes, 2)} "
+            "for several CPU processes, or a machine with several NVIDIA GPUs"
+        )
     most_cpu_processes = most_processes("cpu", machine)
-    if device == "cpu" and settings.num_processes > most_cpu_processes:
+    if device == "cpu" and settings.processes > most_cpu_processes:
         return (
-            f"{settings.num_processes} CPU processes ({asked}) on {machine.cpu_count} cores "
+            f"{settings.processes} CPU processes ({asked}) on {machine.cpu_count} cores "
             f"would thrash the machine (each process holds a model copy); use at most "
-            f"{most_cpu_processes}, usually no more than {machine.cpu_count}")
+            f"{most_cpu_processes}, usually no more than {machine.cpu_count}"
+        )
     gpus = len(machine.cuda_devices)
-    if device == "cuda" and settings.num_processes > gpus:
+    if device == "cuda" and settings.processes > gpus:
         return (
             f"{asked} runs one process per GPU, but "
             f"{gpus} NVIDIA GPU{'s are' if gpus != 1 else ' is'} visible; use --num_processes "
-            f"{gpus} or fewer")
+            f"{gpus} or fewer"
+        )
     return None
 
 
@@ -79,19 +85,22 @@ def several_machines_settings(settings: Settings) -> Settings:
         if port is not None:
             raise MpslaunchError(
                 f"{settings.named('main_process_ip')} has a port in it; give the address alone "
-                f"({address}) and the port with --main_process_port {port}")
+                f"({address}) and the port with --main_process_port {port}"
+            )
         settings = settings.replace(main_process_ip=address)
     if settings.max_restarts and settings.rdzv_backend == "static":
         raise MpslaunchError(
             f"{settings.named('max_restarts')} on several machines "
             "needs --rdzv_backend c10d: after a restart, a static rendezvous sends the restarted "
             "ranks to the old gloo addresses, and machine 0 waits forever; give every machine "
-            "--rdzv_backend c10d, or --max_restarts 0")
+            "--rdzv_backend c10d, or --max_restarts 0"
+        )
     return settings
 
 
-def own_name_problem(settings: Profile, device: str, machine: Machine,
-                     environ: Mapping[str, str]) -> str | None:
+def own_name_problem(
+    settings: Profile, device: str, machine: Machine, environ: Mapping[str, str]
+) -> str | None:
     """Why gloo cannot connect the machines: this machine's host name stands for the loopback
     only (as many /etc/hosts files have it), so its ranks would give the others 127.0.0.1 to
     connect to, and every machine would wait forever. None when unchecked (not probed), when
@@ -100,34 +109,42 @@ def own_name_problem(settings: Profile, device: str, machine: Machine,
         return None
     from mpslaunch.machine import is_loopback
 
-    if "GLOO_SOCKET_IFNAME" in environ or is_loopback(settings.main_process_ip or "") \
-            or settings.main_process_ip == "localhost":
+    if (
+        "GLOO_SOCKET_IFNAME" in environ
+        or is_loopback(settings.main_process_ip or "")
+        or settings.main_process_ip == "localhost"
+    ):
         return None
     name, addresses = machine.own_name
     if not addresses or not all(is_loopback(address) for address in addresses):
         return None
-    return (f"this machine's name {name} stands for {', '.join(addresses)} only, so gloo would "
-            "give the other machines a loopback address to connect to and every machine would "
-            "wait forever; set GLOO_SOCKET_IFNAME to the network interface that reaches the other "
-            f"machines (such as GLOO_SOCKET_IFNAME=eth0), or map {name} to this machine's own "
-            "address in /etc/hosts")
+    return (
+        f"this machine's name {name} stands for {', '.join(addresses)} only, so gloo would "
+        "give the other machines a loopback address to connect to and every machine would "
+        "wait forever; set GLOO_SOCKET_IFNAME to the network interface that reaches the other "
+        f"machines (such as GLOO_SOCKET_IFNAME=eth0), or map {name} to this machine's own "
+        "address in /etc/hosts"
+    )
 
 
 def checks_main_address(settings: Profile) -> bool:
     """Machine 0 of several serves the rendezvous on the main address, so that address must be
     one of its own; unless the user says it reaches machine 0 through NAT."""
-    return (settings.num_machines > 1 and settings.machine_rank == 0
-            and not settings.main_process_ip_via_nat)
+    return (
+        settings.num_machines > 1
+        and settings.machine_rank == 0
+        and not settings.main_process_ip_via_nat
+    )
 
 
 def main_address_problem(settings: Profile, machine: Machine) -> str | None:
     """Why machine 0 cannot serve on main_process_ip, or None. Unchecked (None) when the
     machine's addresses were not probed."""
-    if not checks_main_address(settings) or machine.addresses is None:
-        return None
-    from mpslaunch.machine import plain_address
-
     address = settings.main_process_ip
+    if not checks_main_address(settings) or machine.addresses is None or address is None:
+        return None
+    from mpslaunch.machine import plain_address  # several machines only
+
     literal = plain_address(address)
     if literal:
         stands_for: tuple[str, ...] = (literal,)
@@ -137,9 +154,13 @@ def main_address_problem(settings: Profile, machine: Machine) -> str | None:
         return None  # a host name that was not looked up
     if set(stands_for) & set(machine.addresses):
         return None
-    what = "does not resolve to any address" if not stands_for else "is not an address of this machine"
+    what = (
+        "does not resolve to any address" if not stands_for else "is not an address of this machine"
+    )
     own = [ip for ip in machine.addresses if not ip.startswith(("127.", "::1", "fe80:"))]
-    return (f"{settings.named('main_process_ip')} {what}, and machine 0 serves the rendezvous there; give "
-            f"one of this machine's addresses ({', '.join(own[:5]) or 'none but the loopback'}), "
-            "give this machine its own --machine_rank if it is not machine 0, or add "
-            "--main_process_ip_via_nat if that address reaches this machine through NAT")
+    return (
+        f"{settings.named('main_process_ip')} {what}, and machine 0 serves the rendezvous there; give "
+        f"one of this machine's addresses ({', '.join(own[:5]) or 'none but the loopback'}), "
+        "give this machine its own --machine_rank if it is not machine 0, or add "
+        "--main_process_ip_via_nat if that address reaches this machine through NAT"
+    )

@@ -13,9 +13,13 @@ from mpslaunch.settings import BY_NAME, CLUSTER, Layer
 
 WHERE = "torchrun's PET_ variables"
 ESCAPE = "unset the PET_ variables to ignore them"
-KEYS = {"PET_NNODES": "num_machines", "PET_NODE_RANK": "machine_rank",
-        "PET_MASTER_ADDR": "main_process_ip", "PET_MASTER_PORT": "main_process_port",
-        "PET_NPROC_PER_NODE": "num_processes"}
+KEYS = {
+    "PET_NNODES": "num_machines",
+    "PET_NODE_RANK": "machine_rank",
+    "PET_MASTER_ADDR": "main_process_ip",
+    "PET_MASTER_PORT": "main_process_port",
+    "PET_NPROC_PER_NODE": "num_processes",
+}
 # torchrun's words for "as many as this machine has": mpslaunch counts them itself.
 COUNTED_HERE = ("auto", "gpu", "cpu", "xpu")
 
@@ -37,14 +41,17 @@ def _read(name: str, key: str, text: str) -> object:
     if name == "PET_NNODES" and ":" in text:  # torchrun's MIN:MAX, an elastic range
         low, _, high = text.partition(":")
         if low != high:
-            raise MpslaunchError(f"{name}={text} asks for between {low} and {high} machines, "
-                                 "an elastic run that mpslaunch does not start; give a fixed "
-                                 f"count ({name}={high}), or {ESCAPE}")
+            raise MpslaunchError(
+                f"{name}={text} asks for between {low} and {high} machines, "
+                "an elastic run that mpslaunch does not start; give a fixed "
+                f"count ({name}={high}), or {ESCAPE}"
+            )
         text = low
     option = BY_NAME[key]
     value = int(text) if option.kind is int and text.isdecimal() else text
     problem = option.problem(value)
     if problem:
-        raise MpslaunchError(f"{name}={text!r} cannot be read as --{key}: it {problem}; fix it, "
-                             f"or {ESCAPE}")
+        raise MpslaunchError(
+            f"{name}={text!r} cannot be read as --{key}: it {problem}; fix it, or {ESCAPE}"
+        )
     return value

@@ -18,12 +18,15 @@ if TYPE_CHECKING:
 
     from mpslaunch.plan import LaunchPlan
 
-__getattr__ = lazy_names(__name__, {
-    "processes": ("environment",),
-    "logdir": ("log_dir_problem",),
-    "torchrun.elastic": ("run_function",),
-    "torchrun.outcome": ("EXIT_ABORT_ISSUE",),
-})
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "processes": ("environment",),
+        "logdir": ("log_dir_problem",),
+        "torchrun.elastic": ("run_function",),
+        "torchrun.outcome": ("EXIT_ABORT_ISSUE",),
+    },
+)
 
 # plan.engine -> the module that runs it, imported on first use (the torchrun one imports torch).
 # Its keys are the plan's ENGINES (tests/test_layout.py holds them together).
@@ -43,8 +46,10 @@ def engine(plan: LaunchPlan) -> ModuleType:
 def thread_problem(plan: LaunchPlan) -> str | None:
     """Why the plan's script cannot be run from this thread, or None."""
     if plan.engine != "single" and threading.current_thread() is not threading.main_thread():
-        return ("several processes of a script are started from the main thread only (stopping "
-                "them needs its signal handlers); call from the main thread, or run one process here")
+        return (
+            "several processes of a script are started from the main thread only (stopping "
+            "them needs its signal handlers); call from the main thread, or run one process here"
+        )
     return None
 
 

@@ -37,11 +37,17 @@ def kept_awake(enabled: bool, warn) -> Iterator[None]:
 
 def _start(warn) -> subprocess.Popen | None:
     try:
-        return subprocess.Popen(caffeinate_command(os.getpid()), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            caffeinate_command(os.getpid()),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     except OSError as error:
-        warn(f"cannot start caffeinate ({error.strerror}), so the Mac may sleep during the run; "
-             "keep_awake: false in the profile (or --no_keep_awake) skips it")
+        warn(
+            f"cannot start caffeinate ({error.strerror}), so the Mac may sleep during the run; "
+            "keep_awake: false in the profile (or --no_keep_awake) skips it"
+        )
         return None
 
 

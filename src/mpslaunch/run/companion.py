@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 
-from mpslaunch import output, record
+from mpslaunch import Record, output, record
 from mpslaunch.run import summary
 
 
 @record
-class Watch:
+class Watch(Record):
     keep_awake: bool  # the plan's: macOS, unless keep_awake: false or --no_keep_awake
     device: str
     report: bool  # memory warnings and the end line; --quiet turns them off
@@ -21,10 +21,15 @@ class Watch:
     failures_only: bool = False  # the end line only when the run failed (rank mode, not rank 0)
 
     @classmethod
-    def for_plan(cls, plan, report: bool, environ: Mapping[str, str]) -> "Watch":
+    def for_plan(cls, plan, report: bool, environ: Mapping[str, str]) -> Watch:
         handler = plan.env.get("PYTHONFAULTHANDLER", environ.get("PYTHONFAULTHANDLER", ""))
-        return cls(plan.keep_awake, plan.device, report, bool(handler) and not plan.no_python,
-                   plan.silent_rank)
+        return cls(
+            plan.keep_awake,
+            plan.device,
+            report,
+            bool(handler) and not plan.no_python,
+            plan.silent_rank,
+        )
 
 
 NOTHING = Watch(keep_awake=False, device="", report=False, fault_handler=False)
@@ -42,16 +47,24 @@ class Run:
     def follow(self, pid: int) -> None:
         self.followed.append(pid)
 
-    def ended(self, code: int, returncode: int | None = None, log_folder: str | None = None) -> None:
+    def ended(
+        self, code: int, returncode: int | None = None, log_folder: str | None = None
+    ) -> None:
         """Print the end line (unless quiet). `returncode`: the one process's Popen code."""
         if not self.watch.report or (self.watch.failures_only and code == 0):
             return
         self.peaks.tick()
-        crash = (summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)
-                 if returncode is not None else None)
+        crash = (
+            summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)
+            if returncode is not None
+            else None
+        )
         largest, total = self.peaks.result()
-        output.say(summary.end_line(self.clock.elapsed(), code, largest, total, log_folder, crash,
-                                    self.peaks.measure))
+        output.say(
+            summary.end_line(
+                self.clock.elapsed(), code, largest, total, log_folder, crash, self.peaks.measure
+            )
+        )
 
 
 @contextmanager
@@ -72,7 +85,6 @@ def watching(watch: Watch | None, processes: Callable[[], Iterable[int]] = tuple
         finally:
             run.clock.stop()
             watcher.stop()
-
 
 
 def _awake(keep_awake: bool):

@@ -19,23 +19,49 @@ RUSAGE_INFO_V4 = 4
 # struct rusage_info_v4 in <sys/resource.h>: a 16-byte uuid, then 35 unsigned 64-bit counters
 # in this order. Only the order matters here; every field is named so the offsets are Apple's.
 _V4_COUNTERS = (
-    "ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups", "ri_pageins",
-    "ri_wired_size", "ri_resident_size", "ri_phys_footprint", "ri_proc_start_abstime",
-    "ri_proc_exit_abstime", "ri_child_user_time", "ri_child_system_time",
-    "ri_child_pkg_idle_wkups", "ri_child_interrupt_wkups", "ri_child_pageins",
-    "ri_child_elapsed_abstime", "ri_diskio_bytesread", "ri_diskio_byteswritten",
-    "ri_cpu_time_qos_default", "ri_cpu_time_qos_maintenance", "ri_cpu_time_qos_background",
-    "ri_cpu_time_qos_utility", "ri_cpu_time_qos_legacy", "ri_cpu_time_qos_user_initiated",
-    "ri_cpu_time_qos_user_interactive", "ri_billed_system_time", "ri_serviced_system_time",
-    "ri_logical_writes", "ri_lifetime_max_phys_footprint", "ri_instructions", "ri_cycles",
-    "ri_billed_energy", "ri_serviced_energy", "ri_interval_max_phys_footprint",
+    "ri_user_time",
+    "ri_system_time",
+    "ri_pkg_idle_wkups",
+    "ri_interrupt_wkups",
+    "ri_pageins",
+    "ri_wired_size",
+    "ri_resident_size",
+    "ri_phys_footprint",
+    "ri_proc_start_abstime",
+    "ri_proc_exit_abstime",
+    "ri_child_user_time",
+    "ri_child_system_time",
+    "ri_child_pkg_idle_wkups",
+    "ri_child_interrupt_wkups",
+    "ri_child_pageins",
+    "ri_child_elapsed_abstime",
+    "ri_diskio_bytesread",
+    "ri_diskio_byteswritten",
+    "ri_cpu_time_qos_default",
+    "ri_cpu_time_qos_maintenance",
+    "ri_cpu_time_qos_background",
+    "ri_cpu_time_qos_utility",
+    "ri_cpu_time_qos_legacy",
+    "ri_cpu_time_qos_user_initiated",
+    "ri_cpu_time_qos_user_interactive",
+    "ri_billed_system_time",
+    "ri_serviced_system_time",
+    "ri_logical_writes",
+    "ri_lifetime_max_phys_footprint",
+    "ri_instructions",
+    "ri_cycles",
+    "ri_billed_energy",
+    "ri_serviced_energy",
+    "ri_interval_max_phys_footprint",
     "ri_runnable_time",
 )
 
 
 class RusageInfoV4(ctypes.Structure):
-    _fields_ = [("ri_uuid", ctypes.c_uint8 * 16),
-                *((name, ctypes.c_uint64) for name in _V4_COUNTERS)]
+    _fields_ = [
+        ("ri_uuid", ctypes.c_uint8 * 16),
+        *((name, ctypes.c_uint64) for name in _V4_COUNTERS),
+    ]
 
 
 class FootprintReader:

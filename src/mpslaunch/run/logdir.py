@@ -42,7 +42,9 @@ def log_dir_problem(log_dir: str) -> str | None:
             continue
         if not place.is_dir():
             where = "is" if place == path else f"cannot be made: {place} is"
-            return f"--log_dir {log_dir} {where} not a folder; give a folder (it is made if missing)"
+            return (
+                f"--log_dir {log_dir} {where} not a folder; give a folder (it is made if missing)"
+            )
         if not os.access(place, os.W_OK | os.X_OK):
             reason = errno.EROFS if _read_only(place) else errno.EACCES
             return cannot_write(path, OSError(reason, os.strerror(reason)))

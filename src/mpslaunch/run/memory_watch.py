@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-from mpslaunch import machine, record
+from mpslaunch import Record, machine, record
 
 SAMPLE_SECONDS = 5.0
 WARN_EVERY_SECONDS = 300.0
@@ -32,7 +32,7 @@ MACOS_WARNING, MACOS_CRITICAL = 2, 4  # kern.memorystatus_vm_pressure_level
 
 
 @record
-class Reading:
+class Reading(Record):
     at: float  # time.monotonic() of the reading
     available: int  # bytes a new allocation can use
     total: int
@@ -50,8 +50,15 @@ def read_memory() -> Reading:
     limit = machine.memory_limit_left()
     if limit and limit[1] < total:  # the run's own limit is the tighter one
         available, total = min(available, limit[0]), limit[1]
-    return Reading(time.monotonic(), available, total, swap.sin, machine.memory_pressure_level(),
-                   machine.memory_stall_microseconds(), swap.total)
+    return Reading(
+        time.monotonic(),
+        available,
+        total,
+        swap.sin,
+        machine.memory_pressure_level(),
+        machine.memory_stall_microseconds(),
+        swap.total,
+    )
 
 
 def hard_swapping(before: Reading, now: Reading) -> str | None:
@@ -78,12 +85,18 @@ def hard_swapping(before: Reading, now: Reading) -> str | None:
 
 
 def warning_line(why: str, now: Reading, device: str) -> str:
-    cap = ", a lower mps_memory_cap in the profile (torch then stops at the cap)" if device == "mps" else ""
+    cap = (
+        ", a lower mps_memory_cap in the profile (torch then stops at the cap)"
+        if device == "mps"
+        else ""
+    )
     # Without swap the waits are page-cache reclaim, not swapping: say only what is true.
     state = "is short of memory" if now.swap_total == 0 else "is swapping hard"
-    return (f"the machine {state} ({why}; {_size(now.available)} of "
-            f"{_size(now.total)} available), which slows training down many times; use a "
-            f"smaller batch size{cap}, or fewer DataLoader workers (num_workers)")
+    return (
+        f"the machine {state} ({why}; {_size(now.available)} of "
+        f"{_size(now.total)} available), which slows training down many times; use a "
+        f"smaller batch size{cap}, or fewer DataLoader workers (num_workers)"
+    )
 
 
 class PressureJudge:
@@ -116,10 +129,12 @@ class MemoryWatch:
         self.judge, self.say, self.read = PressureJudge(device), say, read
         self.followers, self.interval = list(followers), interval
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._tick_loop, name="mpslaunch-memory-watch",
-                                       daemon=True)
-        self.reader = threading.Thread(target=self._reading_loop, name="mpslaunch-memory-reading",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._tick_loop, name="mpslaunch-memory-watch", daemon=True
+        )
+        self.reader = threading.Thread(
+            target=self._reading_loop, name="mpslaunch-memory-reading", daemon=True
+        )
 
     def start(self) -> None:
         self.thread.start()

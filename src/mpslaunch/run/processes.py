@@ -23,10 +23,22 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT
 # to the script (every rank), which decides, as it would without the launcher (docs/cli.md:
 # Signals). The launcher's own faults (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP)
 # are not among them; Python ignores SIGPIPE and SIGXFSZ (a write fails instead).
-PASSED_ON = tuple(getattr(signal, name) for name in (
-    "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR", "SIGSTKFLT")
-    if hasattr(signal, name)) + (
-    (signal.SIGIO, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1)) if sys.platform == "linux" else ())
+PASSED_ON = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGXCPU",
+        "SIGPWR",
+        "SIGSTKFLT",
+    )
+    if hasattr(signal, name)
+) + (
+    (signal.SIGIO, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1)) if sys.platform == "linux" else ()
+)
 RUN_MARKER = "MPSLAUNCH_RUN_ID"
 # Linux shows every environment in /proc, so whether anything still carries a marker is known
 # without psutil: a run that left nothing behind never imports it.
@@ -140,11 +152,15 @@ def _kill_marked_without_psutil(run_id: str, error: Exception) -> list[int]:
 
     repair = "reinstall it (pip install --force-reinstall psutil)"
     if not MARKS_SEEN_WITHOUT_PSUTIL:
-        warning(f"psutil failed ({error_line(error)}), so processes the script left behind may "
-                f"still run; {repair}")
+        warning(
+            f"psutil failed ({error_line(error)}), so processes the script left behind may "
+            f"still run; {repair}"
+        )
         return []
-    warning(f"psutil failed ({error_line(error)}); the run's processes were found through /proc "
-            f"instead; {repair}")
+    warning(
+        f"psutil failed ({error_line(error)}); the run's processes were found through /proc "
+        f"instead; {repair}"
+    )
     killed = []
     for _ in range(10):  # a helper may start another one while we kill: a few rounds
         left = list(_marked_in_proc(run_id))
@@ -200,11 +216,14 @@ def sweep_children(run_id: str, before: set[int]) -> list[int]:
     """
     swept = []
     for _ in range(10):  # killing a helper can orphan its own children to us: a few rounds
-        left = [(pid, pgid) for pid, pgid in children()
-                if pgid != os.getpgrp() and carries_marker(pid, run_id)]
+        left = [
+            (pid, pgid)
+            for pid, pgid in children()
+            if pgid != os.getpgrp() and carries_marker(pid, run_id)
+        ]
         if not left:
             break
-        for pid, pgid in left:
+        for _, pgid in left:
             kill_group(pgid)
         _reap([pid for pid, _ in left])
         swept += [pid for pid, _ in left]

@@ -53,9 +53,15 @@ def run(plan: LaunchPlan, watch: Watch, held: Sequence[int]) -> int:
 
 def _run(plan: LaunchPlan, companion: Run, held: Sequence[int]):
     """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
-    from mpslaunch.run.processes import (MARKS_SEEN_WITHOUT_PSUTIL, PASSED_ON, RUN_MARKER,
-                                         STOPPING_SIGNALS, exit_code, new_run_id,
-                                         warm_process_table)
+    from mpslaunch.run.processes import (
+        MARKS_SEEN_WITHOUT_PSUTIL,
+        PASSED_ON,
+        RUN_MARKER,
+        STOPPING_SIGNALS,
+        exit_code,
+        new_run_id,
+        warm_process_table,
+    )
 
     tee = _tee(plan.log_dir) if plan.log_dir else None
     run_id, started = new_run_id(), time.time()
@@ -63,15 +69,23 @@ def _run(plan: LaunchPlan, companion: Run, held: Sequence[int]):
     env = {**inherited, **(tee.environment if tee else {}), **plan.env, RUN_MARKER: run_id}
     child = _Child(run_id, plan.grace_period, plan.delivers_signals, companion.watch.report)
     # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
-    with child.supervisor.handling({**dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
-                                    signal.SIGTSTP: child.job_control,
-                                    signal.SIGCONT: child.job_control}):
+    with child.supervisor.handling(
+        {
+            **dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
+            signal.SIGTSTP: child.job_control,
+            signal.SIGCONT: child.job_control,
+        }
+    ):
         if held:  # a stop came before these handlers: the script never starts
             return _stopped_before_the_start(held[0], tee), None, tee
         try:
-            process = subprocess.Popen(list(plan.command), env=env, start_new_session=True,
-                                       preexec_fn=_parent_death_signal(),
-                                       **(tee.popen_streams if tee else {}))
+            process = subprocess.Popen(
+                list(plan.command),
+                env=env,
+                start_new_session=True,
+                preexec_fn=_parent_death_signal(),
+                **(tee.popen_streams if tee else {}),
+            )
         except OSError as error:
             raise MpslaunchError(f"cannot start {plan.command[0]}: {error.strerror}") from None
         child.attach(process)
@@ -88,8 +102,10 @@ def _run(plan: LaunchPlan, companion: Run, held: Sequence[int]):
     supervisor = child.supervisor
     if supervisor.killed_at is not None and returncode == -signal.SIGKILL:
         code = supervisor.exit_code()
-        output.say(f"the script was still running {_when_killed(supervisor)}, so it was killed; "
-                   f"exit code {code}")
+        output.say(
+            f"the script was still running {_when_killed(supervisor)}, so it was killed; "
+            f"exit code {code}"
+        )
         return code, returncode, tee
     return exit_code(returncode), returncode, tee
 
@@ -97,8 +113,10 @@ def _run(plan: LaunchPlan, companion: Run, held: Sequence[int]):
 def _stopped_before_the_start(signum: int, tee) -> int:
     if tee:
         tee.finish()
-    output.say(f"stopped by {signal.Signals(signum).name} before the script started (exit code "
-               f"{128 + signum})")
+    output.say(
+        f"stopped by {signal.Signals(signum).name} before the script started (exit code "
+        f"{128 + signum})"
+    )
     return 128 + signum
 
 
@@ -116,16 +134,22 @@ class _Child:
     stopping one goes through the supervisor (the first forwarded, with the grace period; a
     later one kills); job control reaches the child while it runs."""
 
-    def __init__(self, run_id: str, grace_seconds: float, delivered: bool = False,
-                 report: bool = False):
+    def __init__(
+        self, run_id: str, grace_seconds: float, delivered: bool = False, report: bool = False
+    ):
         from mpslaunch.run.processes import STOPPING_SIGNALS
         from mpslaunch.run.supervisor import Supervisor
 
         self.stopping = STOPPING_SIGNALS  # those the supervisor stops the run with
         self.process: subprocess.Popen | None = None
         self.held: list[int] = []
-        self.supervisor = Supervisor(run_id, grace_seconds, self.group, delivered=delivered,
-                                     announce=self.announce if report else None)
+        self.supervisor = Supervisor(
+            run_id,
+            grace_seconds,
+            self.group,
+            delivered=delivered,
+            announce=self.announce if report else None,
+        )
 
     def group(self) -> list[int]:
         return [self.process.pid] if self.process is not None else []
@@ -150,10 +174,16 @@ class _Child:
             self.supervisor.forward(signum)
 
     def announce(self, signum: int) -> None:
-        how = "sent to the script by SLURM" if self.supervisor.delivered else "passed on to the script"
-        output.say(f"{signal.Signals(signum).name} {how}; it has "
-                   f"{self.supervisor.grace_seconds:g} s to stop (--grace_period) before it is "
-                   "killed; Ctrl-C again kills it now")
+        how = (
+            "sent to the script by SLURM"
+            if self.supervisor.delivered
+            else "passed on to the script"
+        )
+        output.say(
+            f"{signal.Signals(signum).name} {how}; it has "
+            f"{self.supervisor.grace_seconds:g} s to stop (--grace_period) before it is "
+            "killed; Ctrl-C again kills it now"
+        )
 
     def job_control(self, signum: int, _frame=None) -> None:
         if self.running():

@@ -28,7 +28,7 @@ RESIDENT_ON_MAC = "resident on macOS"  # macOS where the footprint cannot be rea
 # How a process dies when native code fails: a bad address, a bus error, an illegal instruction,
 # or an abort (a failed assertion in a Metal, CUDA or C++ kernel, std::terminate).
 NATIVE_CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT)
-MPS_CRASH_CAUSES = "docs/mps-facts.md, \"Native crashes on mps\", in mpslaunch's repository"
+MPS_CRASH_CAUSES = 'docs/mps-facts.md, "Native crashes on mps", in mpslaunch\'s repository'
 
 
 def largest_rss() -> int:
@@ -137,8 +137,15 @@ def crash_meaning(returncode: int, fault_handler: bool) -> str | None:
     return "a crash in native code; the Python stack above is from the fault handler (PYTHONFAULTHANDLER)"
 
 
-def end_line(elapsed: float, code: int, largest: int | None, total: int | None,
-             log_folder: str | None, crash: str | None = None, measure: str = RESIDENT) -> str:
+def end_line(
+    elapsed: float,
+    code: int,
+    largest: int | None,
+    total: int | None,
+    log_folder: str | None,
+    crash: str | None = None,
+    measure: str = RESIDENT,
+) -> str:
     parts = [f"ended after {_duration(elapsed)}, exit code {code}"]
     if largest:
         parts.append(_memory(largest, total, measure))
@@ -156,8 +163,10 @@ def _memory(largest: int, total: int | None, measure: str) -> str:
     if measure == FOOTPRINT:
         return f"peak memory footprint {figure}, GPU included"
     if measure == RESIDENT_ON_MAC:
-        return (f"peak resident memory {figure} (the GPU's memory not included: macOS's "
-                "footprint could not be read)")
+        return (
+            f"peak resident memory {figure} (the GPU's memory not included: macOS's "
+            "footprint could not be read)"
+        )
     return f"peak memory {figure}"
 
 
@@ -165,7 +174,7 @@ class Clock:
     """The run's time: from the start until stop() (the script's end), not until the end line
     is printed, after the clean-up."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.started = time.monotonic()
         self.stopped: float | None = None
 

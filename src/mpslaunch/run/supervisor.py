@@ -32,8 +32,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from mpslaunch.run.processes import (STOPPING_SIGNALS, handled_here, kill_group, kill_marked,
-                                     may_be_marked, stop_with, sweep_children)
+from mpslaunch.run.processes import (
+    STOPPING_SIGNALS,
+    handled_here,
+    kill_group,
+    kill_marked,
+    may_be_marked,
+    stop_with,
+    sweep_children,
+)
 
 # The same stopping signal again within this long is the same stop: GNU timeout sends its signal
 # to the launcher and then to its process group, and a checkpoint being saved must not be killed.
@@ -62,20 +69,30 @@ def holding_stops() -> Iterator[list[int]]:
 class Supervisor:
     """One run's processes as the launcher oversees them."""
 
-    def __init__(self, run_id: str, grace_seconds: float, leaders: Callable[[], list[int]],
-                 forwards_stops: bool = True, announce: Callable[[int], None] | None = None,
-                 delivered: bool = False):
+    def __init__(
+        self,
+        run_id: str,
+        grace_seconds: float,
+        leaders: Callable[[], list[int]],
+        forwards_stops: bool = True,
+        announce: Callable[[int], None] | None = None,
+        delivered: bool = False,
+    ):
         self.run_id, self.grace_seconds, self.leaders = run_id, grace_seconds, leaders
         self.forwards_stops = forwards_stops  # False: torch's agent sends the stop to the ranks
         self.delivered = delivered  # SLURM signals the run's processes itself: forward nothing
         self.announce = announce  # called with the first stopping signal, once it reached the run
         self.stopping_signal = 0  # the first stopping signal: the run was stopped by it
         self.first_at = 0.0
-        self.killed_at: int | None = None  # None: nothing killed; 0: the grace period ended; N: signal N came
+        self.killed_at: int | None = (
+            None  # None: nothing killed; 0: the grace period ended; N: signal N came
+        )
         self.timer: threading.Timer | None = None
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, Callable[..., object] | int | None] = {}  # signal.signal's answers
         self.lock = threading.RLock()  # the handlers and the wakeup reader act in arrival order
-        self.wakeup: tuple[int, int, int] | None = None  # read end, write end, the caller's wakeup fd
+        self.wakeup: tuple[int, int, int] | None = (
+            None  # read end, write end, the caller's wakeup fd
+        )
 
     # ---------------------------------------------------------------- handlers
 
@@ -90,8 +107,8 @@ class Supervisor:
             yield self
         finally:
             self.stop_clock()
-            for signum, handler in self.previous.items():
-                signal.signal(signum, handler)
+            for signum, previous in self.previous.items():
+                signal.signal(signum, previous)
 
     def handles(self, signum: int) -> bool:
         """Whether the run handles `signum` (it was not ignored when the launcher started)."""
@@ -209,8 +226,9 @@ class Supervisor:
         os.set_blocking(write_fd, False)  # set_wakeup_fd requires it
         callers = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         self.wakeup = (read_fd, write_fd, callers)
-        threading.Thread(target=self._read_signals, args=(read_fd,), name="mpslaunch-stops",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._read_signals, args=(read_fd,), name="mpslaunch-stops", daemon=True
+        ).start()
         try:
             yield
         finally:

@@ -51,8 +51,10 @@ class Tee:
     environment = {"PYTHONUNBUFFERED": "1"}
 
     def start(self, child: subprocess.Popen) -> None:
-        for pipe, console, log in ((child.stdout, sys.stdout, self.files[0]),
-                                   (child.stderr, sys.stderr, self.files[1])):
+        for pipe, console, log in (
+            (child.stdout, sys.stdout, self.files[0]),
+            (child.stderr, sys.stderr, self.files[1]),
+        ):
             copy = threading.Thread(target=self._copy, args=(pipe, console, log), daemon=True)
             copy.start()
             self.copies.append(copy)
@@ -109,8 +111,10 @@ class Tee:
         self.files_off.set()
         if not self.warned.acquire(blocking=False):
             return  # the other stream's file failed first and said so
-        output.warning(f"cannot write {log.name}: {_why(error)}; from here on the output goes "
-                       "to the console only")
+        output.warning(
+            f"cannot write {log.name}: {_why(error)}; from here on the output goes "
+            "to the console only"
+        )
 
 
 def _why(error: Exception) -> str:

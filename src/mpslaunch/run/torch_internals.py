@@ -66,9 +66,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
@@ -80,7 +84,7 @@ def release(version: str) -> tuple[int, int, int] | None:
     """torch.__version__ as (major, minor, patch); None for a pre-release or a build from source
     ("2.8.0a0+git..."), which may predate its release's changes."""
     found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(\+.*)?", version)
-    return tuple(int(part) for part in found.groups()[:3]) if found else None
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
 
 
 def libuv_takes_a_listening_socket(version: str) -> bool:
@@ -111,13 +115,17 @@ def missing() -> list[str]:
 
     lines = []
     if not _takes_a_timeout(getattr(api, "PContext", None)):
-        lines.append("torch's PContext.close(death_sig, timeout) is not there: when a rank fails, "
-                     "the others get torch's own time to stop, not --grace_period, and the summary "
-                     "judges them by their exit codes")
+        lines.append(
+            "torch's PContext.close(death_sig, timeout) is not there: when a rank fails, "
+            "the others get torch's own time to stop, not --grace_period, and the summary "
+            "judges them by their exit codes"
+        )
     if getattr(api, "signal", None) is not signal:
-        lines.append("torch takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT for the run, even a "
-                     "signal the launcher was started with ignored (nohup's SIGHUP), and a stop "
-                     "may be lost while it restarts the ranks")
+        lines.append(
+            "torch takes over SIGTERM, SIGINT, SIGHUP and SIGQUIT for the run, even a "
+            "signal the launcher was started with ignored (nohup's SIGHUP), and a stop "
+            "may be lost while it restarts the ranks"
+        )
     return lines
 
 
@@ -145,13 +153,18 @@ class Elastic:
     def logs_specs(self, args, started: Callable[[dict[int, dict[str, str]]], None]):
         """torch's own log folders (as config_from_args makes them); `started(envs)` is called
         with each attempt's rank environments, by local rank, as torch starts them."""
-        class AnnouncingLogsSpecs(self.DefaultLogsSpecs):
+        logs_specs: Any = self.DefaultLogsSpecs  # this torch's class
+
+        class AnnouncingLogsSpecs(logs_specs):
             def reify(self, envs):
                 started(envs)
                 return super().reify(envs)
 
-        return AnnouncingLogsSpecs(log_dir=args.log_dir, redirects=self.Std.from_str(args.redirects),
-                                   tee=self.Std.from_str(args.tee))
+        return AnnouncingLogsSpecs(
+            log_dir=args.log_dir,
+            redirects=self.Std.from_str(args.redirects),
+            tee=self.Std.from_str(args.tee),
+        )
 
 
 def tune(config, grace_seconds: float) -> None:
@@ -168,7 +181,7 @@ def torch_takes_no_signals() -> Iterator[None]:
     if getattr(api, "signal", None) is not signal:  # missing() names it
         yield
         return
-    api.signal = _NoHandlers()
+    api.signal = _NoHandlers()  # type: ignore[assignment]  # torch's module, while the run lasts
     try:
         yield
     finally:
@@ -199,8 +212,15 @@ def tails_in_pieces(limit: int) -> Iterator[None]:
         tail_log.tail_logfile = original
 
 
-def _tail_in_pieces(limit: int, header: str, file: str, dst, finished: threading.Event,
-                    interval_sec: float, log_line_filter: Callable[[str], bool] | None = None):
+def _tail_in_pieces(
+    limit: int,
+    header: str,
+    file: str,
+    dst,
+    finished: threading.Event,
+    interval_sec: float,
+    log_line_filter: Callable[[str], bool] | None = None,
+):
     """What torch's tail_logfile does (wait for the file, copy it to `dst` behind `header` until
     `finished` is set and its end is reached), reading at most `limit` characters at a time."""
     while not os.path.exists(file):
@@ -226,6 +246,7 @@ FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 def failures_logged(failed: Callable[[int, int], None]) -> Iterator[None]:
     """For the run: `failed(exit code, local rank)` for each failure torch's agent logs as ending
     an attempt; a record worded otherwise is passed over."""
+
     def seen(record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
         numbers = [arg for arg in args[:2] if isinstance(arg, int)]
@@ -249,19 +270,36 @@ def serve_store(own: str, port: int, descriptor: int | None):
     from torch.distributed import TCPStore
 
     if descriptor is None:
-        return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
-                        multi_tenant=True, use_libuv=True)
-    return TCPStore(own, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
-                    multi_tenant=True, master_listen_fd=descriptor,
-                    use_libuv=libuv_takes_a_listening_socket(torch.__version__))
+        return TCPStore(
+            own,
+            port,
+            None,
+            True,
+            STORE_TIMEOUT,
+            wait_for_workers=False,
+            multi_tenant=True,
+            use_libuv=True,
+        )
+    return TCPStore(
+        own,
+        port,
+        None,
+        True,
+        STORE_TIMEOUT,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=descriptor,
+        use_libuv=libuv_takes_a_listening_socket(torch.__version__),
+    )
 
 
 def connect_store(address: str, port: int, seconds: float):
     """A client of machine 0's store at address:port, waiting at most `seconds` for it."""
     from torch.distributed import TCPStore
 
-    return TCPStore(address, port, None, False, datetime.timedelta(seconds=seconds),
-                    wait_for_workers=False)
+    return TCPStore(
+        address, port, None, False, datetime.timedelta(seconds=seconds), wait_for_workers=False
+    )
 
 
 @dataclass
@@ -282,7 +320,7 @@ def graceful_stops(grace_seconds: float, launcher=None) -> Iterator[RankStops]:
     from torch.distributed.elastic.multiprocessing import api
 
     stops = RankStops(grace_seconds)
-    PContext = getattr(api, "PContext", None)
+    PContext: Any = getattr(api, "PContext", None)  # this torch's class, if it has one
     if not _takes_a_timeout(PContext):  # missing() names it
         yield stops
         return
@@ -324,7 +362,7 @@ def graceful_stops(grace_seconds: float, launcher=None) -> Iterator[RankStops]:
 
 
 def _takes_a_timeout(context_class) -> bool:
-    close = getattr(context_class, "close", None)
+    close: Any = getattr(context_class, "close", None)
     try:
         return {"death_sig", "timeout"} <= set(inspect.signature(close).parameters)
     except (TypeError, ValueError):

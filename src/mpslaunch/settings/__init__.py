@@ -13,21 +13,55 @@ command-line side and the Accelerate translation are imported on first use.
 
 from mpslaunch import lazy_names
 from mpslaunch.settings import profile_files
+from mpslaunch.settings.layers import (
+    ACCELERATE,
+    API,
+    CLUSTER,
+    COMMAND_LINE,
+    DEFAULT,
+    PROFILE,
+    Layer,
+    Settings,
+    file_layer,
+    merge,
+    options_layer,
+    profile_layer,
+)
 from mpslaunch.settings.options import (
-    ACCELERATOR, BY_NAME, DEFAULT_GRACE_SECONDS, DEFAULT_PORT, DEVICES, MACHINES, MPS_WATERMARK_MAX,
-    OPTIONS, OUTPUT, PLAN, PRECISIONS, PROFILE_OPTIONS, RDZV_BACKENDS, RDZV_TIMEOUT_MAX,
-    REQUEST_OPTIONS, Option, cut)
-from mpslaunch.settings.paths import (NotAFileError, current_folder, folder_main, open_regular,
-                                     unreadable)
+    ACCELERATOR,
+    BY_NAME,
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_PORT,
+    DEVICES,
+    MACHINES,
+    MPS_WATERMARK_MAX,
+    OPTIONS,
+    OUTPUT,
+    PLAN,
+    PRECISIONS,
+    PROFILE_OPTIONS,
+    RDZV_BACKENDS,
+    RDZV_TIMEOUT_MAX,
+    REQUEST_OPTIONS,
+    Option,
+    cut,
+)
+from mpslaunch.settings.paths import (
+    NotAFileError,
+    current_folder,
+    folder_main,
+    open_regular,
+    unreadable,
+)
 from mpslaunch.settings.profile import KNOWN_KEYS, MPS_KEYS, Profile, check_profile, check_value
-from mpslaunch.settings.request import LaunchOptions, LaunchRequest, request_problem
-from mpslaunch.settings.layers import (ACCELERATE, API, CLUSTER, COMMAND_LINE, DEFAULT, PROFILE,
-                                       Layer, Settings, file_layer, merge, options_layer,
-                                       profile_layer)
 from mpslaunch.settings.profile_files import ProfileFile, read_active
+from mpslaunch.settings.request import LaunchOptions, LaunchRequest, request_problem
 
-__getattr__ = lazy_names(__name__, {
-    "accelerate_config": ("Translation", "default_config_path", "unused_default_note"),
-    "flags": ("add_option", "add_table_options", "request_from_args", "spellings"),
-    "accelerate_flags": ("WAYS", "add_refused"),
-})
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "accelerate_config": ("Translation", "default_config_path", "unused_default_note"),
+        "flags": ("add_option", "add_table_options", "request_from_args", "spellings"),
+        "accelerate_flags": ("WAYS", "add_refused"),
+    },
+)

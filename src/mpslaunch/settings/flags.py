@@ -31,33 +31,54 @@ def add_table_options(container, *names: str, groups: dict | None = None) -> Non
 
 
 def _add(container, option: Option) -> None:
-    names = [*([option.short] if option.short else []), *spellings(option.spelling)]
+    spelling = option.spelling
+    if spelling is None:
+        raise ValueError(f"{option.name} is a profile key only: it has no command-line flag")
+    names = [*([option.short] if option.short else []), *spellings(spelling)]
     help_text = option.help + _default_text(option)
     if option.kind is bool:
-        container.add_argument(*names, dest=option.name, action="store_const", const=option.const,
-                               default=option.request_default, help=help_text)
+        container.add_argument(
+            *names,
+            dest=option.name,
+            action="store_const",
+            const=option.const,
+            default=option.request_default,
+            help=help_text,
+        )
         return
     metavar = option.metavar or ("{" + ",".join(option.choices) + "}" if option.choices else None)
-    container.add_argument(*names, dest=option.name, type=_parser_of(option), metavar=metavar,
-                           default=option.request_default, help=help_text)
+    container.add_argument(
+        *names,
+        dest=option.name,
+        type=_parser_of(option, spelling),
+        metavar=metavar,
+        default=option.request_default,
+        help=help_text,
+    )
 
 
 def _default_text(option: Option) -> str:
     if option.kind is bool:
         return ""
-    shown = option.shown_default or (None if option.default is None else f"{option.default:g}"
-                                     if isinstance(option.default, float) else str(option.default))
+    shown = option.shown_default or (
+        None
+        if option.default is None
+        else f"{option.default:g}"
+        if isinstance(option.default, float)
+        else str(option.default)
+    )
     return f" (default: {shown})" if shown else ""
 
 
-def _parser_of(option: Option):
+def _parser_of(option: Option, spelling: str):
     """argparse's type= for the option: its own words for a word that is no number ("invalid
     int value"), the table's words for a value the table refuses."""
+
     def parse(text: str) -> object:
         try:
             return option.parse(text)
         except ValueError as error:
-            if str(error).startswith(option.spelling):
+            if str(error).startswith(spelling):
                 raise argparse.ArgumentTypeError(str(error)) from None
             raise
 
@@ -67,5 +88,8 @@ def _parser_of(option: Option):
 
 def request_from_args(args: argparse.Namespace, target: str, target_args=()) -> LaunchRequest:
     """The request the parsed flags stand for."""
-    return LaunchRequest(target, tuple(target_args),
-                         **{option.name: getattr(args, option.name) for option in REQUEST_OPTIONS})
+    return LaunchRequest(
+        target,
+        tuple(target_args),
+        **{option.name: getattr(args, option.name) for option in REQUEST_OPTIONS},
+    )

@@ -21,8 +21,12 @@ from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME
 from mpslaunch.settings.profile import KNOWN_KEYS, Profile
 
-# typing is not imported (the one-process launch never needs it): ProfileFile and LaunchOptions
-# in the annotations are never evaluated.
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from typing import Any
+
+    from mpslaunch.settings.profile_files import ProfileFile
+    from mpslaunch.settings.request import LaunchOptions
 
 # The kinds of layer, as --dry_run names where a value came from.
 DEFAULT = "default"
@@ -59,7 +63,7 @@ class Settings(Profile):
     origins: Mapping[str, Layer] = MappingProxyType({})  # each key's layer; absent: the defaults
 
     @classmethod
-    def of(cls, values: Mapping[str, object], origins: Mapping[str, Layer]) -> Settings:
+    def of(cls, values: Mapping[str, Any], origins: Mapping[str, Layer]) -> Settings:
         settings = cls(**values)
         object.__setattr__(settings, "origins", origins)  # frozen, as the profile is
         return settings
@@ -104,8 +108,9 @@ def _contradiction(key: str, earlier: tuple[Layer, object], later: tuple[Layer, 
     later_is_fact = later[0].kind == CLUSTER
     (given, value), (fact, truth) = (earlier, later) if later_is_fact else (later, earlier)
     ways = [way for way in (_without(given, key), fact.escape) if way]
-    return (f"{named(given, key, value)} contradicts {named(fact, key, truth)}; "
-            + ", or ".join(ways))
+    return f"{named(given, key, value)} contradicts {named(fact, key, truth)}; " + ", or ".join(
+        ways
+    )
 
 
 def _without(layer: Layer, key: str) -> str:
@@ -159,8 +164,9 @@ def _yaml(value: object) -> str:
 # ---------------------------------------------------------------- the user's layers
 
 
-def profile_layer(profile: Profile, where: str = "", keys: tuple[str, ...] | None = None,
-                  kind: str = PROFILE) -> Layer:
+def profile_layer(
+    profile: Profile, where: str = "", keys: tuple[str, ...] | None = None, kind: str = PROFILE
+) -> Layer:
     """A profile's values: those of `keys` (what its file sets), else those that differ from the
     defaults (a Profile made in Python, with no file behind it)."""
     if keys is None:
@@ -174,20 +180,27 @@ def file_layer(loaded: ProfileFile) -> Layer:
     no file, no values."""
     if loaded.path is None:
         return Layer(PROFILE, MappingProxyType({}))
-    return profile_layer(loaded.profile, str(loaded.path),
-                         KNOWN_KEYS if loaded.keys is None else loaded.keys,
-                         ACCELERATE if loaded.translation else PROFILE)
+    return profile_layer(
+        loaded.profile,
+        str(loaded.path),
+        KNOWN_KEYS if loaded.keys is None else loaded.keys,
+        ACCELERATE if loaded.translation else PROFILE,
+    )
 
 
 def options_layer(options: LaunchOptions, kind: str = COMMAND_LINE) -> Layer:
     """The profile keys the request gives (COMMAND_LINE, or API for mpslaunch.launch()'s keywords);
     --cpu is device cpu."""
-    values = {key: getattr(options, key) for key in KNOWN_KEYS
-              if getattr(options, key, None) is not None}
+    values = {
+        key: getattr(options, key) for key in KNOWN_KEYS if getattr(options, key, None) is not None
+    }
     if not options.cpu:
         return Layer(kind, values)
-    cpu, device = ("cpu=True", f"device={options.device!r}") if kind == API else \
-        ("--cpu", f"--device {options.device}")
+    cpu, device = (
+        ("cpu=True", f"device={options.device!r}")
+        if kind == API
+        else ("--cpu", f"--device {options.device}")
+    )
     if options.device not in (None, "cpu"):
         raise MpslaunchError(f"{cpu} and {device} contradict each other; give one")
     values["device"] = "cpu"

@@ -20,8 +20,12 @@ class NotAFileError(OSError):
         self.kind = kind
 
 
-_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def open_regular(path: str | os.PathLike) -> int:
@@ -61,16 +65,22 @@ def unreadable(shown: str, error: OSError, launching: bool = False) -> str:
     if isinstance(error, NotAFileError):
         return f"{shown} is {error.kind}, not a file; give the training script, a .py file"
     if isinstance(error, IsADirectoryError):
-        return (f"{shown} is a folder without a __main__.py (what python runs for a folder); "
-                f"give the training script (a .py file){or_module}")
+        return (
+            f"{shown} is a folder without a __main__.py (what python runs for a folder); "
+            f"give the training script (a .py file){or_module}"
+        )
     if error.errno == errno.ENOENT and os.path.islink(shown):
-        return (f"{shown} is a symbolic link to {os.readlink(shown)}, which does not exist; "
-                "check the link with `ls -l`")
+        return (
+            f"{shown} is a symbolic link to {os.readlink(shown)}, which does not exist; "
+            "check the link with `ls -l`"
+        )
     if error.errno == errno.ENOENT:
         return f"no script at {shown} ({_looked_in()}); check the path{or_module}"
     if error.errno == errno.ELOOP:
-        return (f"cannot read {shown}: a symbolic link on its path leads back to itself (too many "
-                "levels of symbolic links); check the links with `ls -l`")
+        return (
+            f"cannot read {shown}: a symbolic link on its path leads back to itself (too many "
+            "levels of symbolic links); check the links with `ls -l`"
+        )
     if error.errno in (errno.EACCES, errno.EPERM):
         return f"cannot read {shown}: permission denied ({denied_at(shown)})"
     return f"cannot read {shown} ({error.strerror}); check the path and its permissions"
@@ -92,7 +102,7 @@ def current_folder() -> str | None:
 def denied_at(shown: str) -> str:
     """Which step of the path this user may not take: a folder it cannot enter, or the file."""
     absolute = os.path.abspath(shown) if current_folder() else shown
-    folders = []
+    folders: list[str] = []
     parent = os.path.dirname(absolute)
     while parent and parent not in folders:
         folders.insert(0, parent)

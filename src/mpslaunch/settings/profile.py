@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import re
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.settings.options import BY_NAME, PROFILE_OPTIONS, PROFILE_VERSION, RDZV_TIMEOUT, cut
 
 MPS_KEYS = ("mps_fallback", "mps_memory_cap", "keep_awake")  # they mean something on a Mac only
 
 
 @record
-class Profile:
+class Profile(Record):
     """A profile: every key with its value."""
 
     version: int = PROFILE_VERSION
@@ -54,6 +54,13 @@ class Profile:
     def replace(self, **changes: object) -> Profile:
         return self._replace(**changes)
 
+    @property
+    def processes(self) -> int:
+        """num_processes once the plan has decided it (it fills None, one per GPU, in first)."""
+        if self.num_processes is None:
+            raise ValueError("num_processes is read before the plan decides it")
+        return self.num_processes
+
     def to_dict(self) -> dict[str, object]:
         """Every key and its value (only the profile's keys, from a Settings too)."""
         return {name: getattr(self, name) for name in Profile._fields}
@@ -74,11 +81,15 @@ def check_value(key: str, value: object) -> str | None:
 def check_profile(profile: Profile) -> str | None:
     """Rules that tie several keys together; the reason the combination is wrong, or None."""
     if profile.machine_rank >= profile.num_machines:
-        return (f"{profile.named('machine_rank')} must be below {profile.named('num_machines')}, "
-                "since ranks count from 0")
+        return (
+            f"{profile.named('machine_rank')} must be below {profile.named('num_machines')}, "
+            "since ranks count from 0"
+        )
     if profile.num_machines > 1 and not profile.main_process_ip:
-        return (f"{profile.named('num_machines')} is above 1, so main_process_ip (the address of "
-                "machine 0) is needed")
+        return (
+            f"{profile.named('num_machines')} is above 1, so main_process_ip (the address of "
+            "machine 0) is needed"
+        )
     return None
 
 
@@ -93,8 +104,10 @@ def unknown_keys_problem(keys: list[tuple[str, int]]) -> str | None:
     named = []
     for key, line in unknown:
         close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
-        named.append(f"line {line}: unknown key {cut(repr(key))}"
-                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+        named.append(
+            f"line {line}: unknown key {cut(repr(key))}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
     return f"{'; '.join(named)}; known keys: {', '.join(KNOWN_KEYS)}"
 
 
@@ -108,9 +121,13 @@ def written_number_problem(text: str, value: object) -> str | None:
     """Why a number as the file spells it (`text`, unquoted) is not what a person means by it,
     though YAML reads it as `value`; None when it is."""
     if re.fullmatch(_BASE_60, text):
-        return (f"is written {text}, which YAML reads as the base-60 number {value}; write the "
-                "number itself")
+        return (
+            f"is written {text}, which YAML reads as the base-60 number {value}; write the "
+            "number itself"
+        )
     if re.fullmatch(_OCTAL, text) and text.lstrip("+-") != "0":
-        return (f"is written {text}, which YAML reads as the octal number {value} (a leading 0); "
-                "write it without the 0")
+        return (
+            f"is written {text}, which YAML reads as the octal number {value} (a leading 0); "
+            "write it without the 0"
+        )
     return None

@@ -15,15 +15,28 @@ import os
 import re
 import stat
 
-from mpslaunch import record, user_folder
+from mpslaunch import Record, record, user_folder
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME, cut
 from mpslaunch.settings.paths import missing_profile
-from mpslaunch.settings.profile import (Profile, check_profile, check_value, unknown_keys_problem,
-                                       written_number_problem)
+from mpslaunch.settings.profile import (
+    Profile,
+    check_profile,
+    check_value,
+    unknown_keys_problem,
+    written_number_problem,
+)
 
-# yaml is imported where a profile is read or written (a launch without a profile file never
-# needs it); the annotations that name it are never evaluated.
+# yaml and pathlib are imported where a profile is read or written (a launch without a profile
+# file never needs them); the annotations that name them are never evaluated.
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+    import yaml
+
+    from mpslaunch.settings.accelerate_config import Translation
 
 MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to parse a huge file
 
@@ -32,7 +45,7 @@ MAX_PROFILE_BYTES = 1_000_000  # a profile is a few hundred bytes; refuse to par
 
 
 @record
-class ProfileFile:
+class ProfileFile(Record):
     """A profile as read: its file (None: no file, the defaults apply), for a file that
     `accelerate config` wrote the translation it was read through, and the keys the file sets
     (None: every key, as `mpslaunch config` writes them), which messages name by the file.
@@ -66,10 +79,12 @@ def read(path: Path) -> ProfileFile:
     if _written_by_accelerate(document):
         translation = _translate(document, path)
         return ProfileFile(translation.profile, path, translation, translation.keys)
-    unknown = unknown_keys_problem([(key.value, key.start_mark.line + 1) for key, _ in document.value])
+    unknown = unknown_keys_problem(
+        [(key.value, key.start_mark.line + 1) for key, _ in document.value]
+    )
     if unknown:
         raise MpslaunchError(f"{path}, {unknown}")
-    values = {}
+    values: dict[str, Any] = {}  # each checked against the option table before it is kept
     for key_node, value_node in document.value:
         key = key_node.value
         where = f"{path}, line {key_node.start_mark.line + 1}"
@@ -89,12 +104,16 @@ def read(path: Path) -> ProfileFile:
 
 def _as_written(node: yaml.Node, value: object) -> str | None:
     """A number whose spelling YAML reads otherwise than a person does (8:20, 010)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and node.style is None:
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and getattr(node, "style", None) is None
+    ):
         return written_number_problem(node.value, value)
     return None
 
 
-def _as_meant(key: str, value: object) -> object:
+def _as_meant(key: str, value: Any) -> Any:
     """YAML 1.1 reads an unquoted `no` (or off, false) as False, as Accelerate's files do: for a
     key whose choices include "no" (mixed_precision, dynamo_backend) that is what it means."""
     return "no" if value is False and "no" in BY_NAME[key].choices else value
@@ -129,13 +148,16 @@ def _read_text(path: Path) -> str:
         with open(descriptor, "rb") as stream:
             status = os.fstat(descriptor)
             if not stat.S_ISREG(status.st_mode):
-                raise MpslaunchError(f"{path} is not a regular file; give the path of a profile "
-                                     ".yaml file")
+                raise MpslaunchError(
+                    f"{path} is not a regular file; give the path of a profile .yaml file"
+                )
             data = stream.read(MAX_PROFILE_BYTES + 1)
         if len(data) > MAX_PROFILE_BYTES:
-            raise MpslaunchError(f"{path} is {max(status.st_size, len(data)):,} bytes, far too big "
-                                 "for a profile; point to the right file or make a new one with "
-                                 "`mpslaunch config`")
+            raise MpslaunchError(
+                f"{path} is {max(status.st_size, len(data)):,} bytes, far too big "
+                "for a profile; point to the right file or make a new one with "
+                "`mpslaunch config`"
+            )
         return _decode(data, path)
     except FileNotFoundError:
         raise MpslaunchError(missing_profile(path, user_folder("config"))) from None
@@ -146,9 +168,13 @@ def _read_text(path: Path) -> str:
 
 
 # Editors on Windows save "Unicode" text as UTF-16 and mark it (and often UTF-8) with a BOM.
-_BYTE_ORDER_MARKS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
-                     (codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
-                     (codecs.BOM_UTF16_BE, "utf-16"))
+_BYTE_ORDER_MARKS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -159,12 +185,15 @@ def _decode(data: bytes, path: Path) -> str:
     except UnicodeDecodeError:
         if encoding == "utf-8":
             raise
-        raise MpslaunchError(f"{path} is not a text file: it starts with a byte-order mark for "
-                             f"{encoding.upper().removesuffix('-SIG')} but does not decode as "
-                             "that; save the profile as UTF-8 text") from None
+        raise MpslaunchError(
+            f"{path} is not a text file: it starts with a byte-order mark for "
+            f"{encoding.upper().removesuffix('-SIG')} but does not decode as "
+            "that; save the profile as UTF-8 text"
+        ) from None
     if encoding == "utf-8" and _utf16_without_a_mark(data):
-        raise MpslaunchError(f"{path} looks like UTF-16 text without a byte-order mark; save it "
-                             "as UTF-8 text")
+        raise MpslaunchError(
+            f"{path} looks like UTF-16 text without a byte-order mark; save it as UTF-8 text"
+        )
     return text
 
 
@@ -190,12 +219,16 @@ def _parse(text: str, path: Path) -> yaml.MappingNode:
     if document is None:
         raise MpslaunchError(f"{path} is empty; write it again with `mpslaunch config`")
     if not isinstance(document, yaml.MappingNode):
-        raise MpslaunchError(f"{path}, line {document.start_mark.line + 1}: a profile is a "
-                             "mapping of keys to values (key: value), not a list or a single value")
+        raise MpslaunchError(
+            f"{path}, line {document.start_mark.line + 1}: a profile is a "
+            "mapping of keys to values (key: value), not a list or a single value"
+        )
     _check_aliases(document, len(text), path)
     for key_node, _ in document.value:
         if not isinstance(key_node, yaml.ScalarNode):
-            raise MpslaunchError(f"{path}, line {key_node.start_mark.line + 1}: keys must be plain names")
+            raise MpslaunchError(
+                f"{path}, line {key_node.start_mark.line + 1}: keys must be plain names"
+            )
     return document
 
 
@@ -210,18 +243,24 @@ def _check_aliases(document: yaml.Node, text_size: int, path: Path) -> None:
     def size(node: yaml.Node) -> int:  # items once every alias is expanded, each node counted once
         if id(node) not in sizes:
             sizes[id(node)] = limit + 1  # a node that contains itself never ends
-            children = (node.value if isinstance(node, yaml.SequenceNode) else
-                        [part for pair in node.value for part in pair]
-                        if isinstance(node, yaml.MappingNode) else [])
+            children = (
+                node.value
+                if isinstance(node, yaml.SequenceNode)
+                else [part for pair in node.value for part in pair]
+                if isinstance(node, yaml.MappingNode)
+                else []
+            )
             sizes[id(node)] = min(limit + 1, 1 + sum(size(child) for child in children))
         return sizes[id(node)]
 
     if size(document) > limit:
-        raise MpslaunchError(f"{path}: its YAML aliases (*name) repeat anchors into more than "
-                             f"{limit:,} items, far more than a profile holds; write the values out")
+        raise MpslaunchError(
+            f"{path}: its YAML aliases (*name) repeat anchors into more than "
+            f"{limit:,} items, far more than a profile holds; write the values out"
+        )
 
 
-def _construct(node: yaml.Node, path: Path) -> object:
+def _construct(node: yaml.Node, path: Path) -> Any:  # the file's data, checked by the caller
     import yaml
 
     # SafeConstructor refuses tags such as !!python/object: profiles are data, never code.
@@ -229,10 +268,13 @@ def _construct(node: yaml.Node, path: Path) -> object:
     try:
         return constructor.construct_object(node, deep=True)
     except RecursionError:  # shallow enough for the composer, too deep for the constructor
-        raise MpslaunchError(f"{path}, line {node.start_mark.line + 1}: nested far too deeply "
-                             "to be a profile value") from None
+        raise MpslaunchError(
+            f"{path}, line {node.start_mark.line + 1}: nested far too deeply to be a profile value"
+        ) from None
     except yaml.YAMLError as error:
-        raise MpslaunchError(f"{path}, line {node.start_mark.line + 1}: {_one_line(error)}") from None
+        raise MpslaunchError(
+            f"{path}, line {node.start_mark.line + 1}: {_one_line(error)}"
+        ) from None
 
 
 def _one_line(error: Exception) -> str:
@@ -318,8 +360,10 @@ def profile_path(config_file: str | None = None, profile_name: str | None = None
         return Path(config_file).expanduser()
     name = profile_name or "default"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or name.endswith(".yaml"):
-        raise MpslaunchError(f"profile name {name!r} must be a plain name like 'fast' or "
-                             "'cpu-4' (letters, digits, '-', '_', '.'), without .yaml")
+        raise MpslaunchError(
+            f"profile name {name!r} must be a plain name like 'fast' or "
+            "'cpu-4' (letters, digits, '-', '_', '.'), without .yaml"
+        )
     return config_dir() / f"{name}.yaml"
 
 
@@ -341,12 +385,18 @@ def check_writable_place(path: Path) -> None:
     """Refuse, before anything is asked or read, a profile path this user cannot reach."""
     why = denied(path)
     if why:
-        raise MpslaunchError(f"cannot write {path}: permission denied ({why}); choose another place "
-                             "with --config_file PATH or MPSLAUNCH_CONFIG_DIR")
+        raise MpslaunchError(
+            f"cannot write {path}: permission denied ({why}); choose another place "
+            "with --config_file PATH or MPSLAUNCH_CONFIG_DIR"
+        )
 
 
 def read_active(config_file: str | None = None, profile_name: str | None = None) -> ProfileFile:
     """The profile in force: an explicit one must exist; a missing default means the defaults."""
-    if config_file or profile_name or os.path.exists(os.path.join(user_folder("config"), "default.yaml")):
+    if (
+        config_file
+        or profile_name
+        or os.path.exists(os.path.join(user_folder("config"), "default.yaml"))
+    ):
         return read(profile_path(config_file, profile_name))
     return ProfileFile(Profile())

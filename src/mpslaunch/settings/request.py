@@ -5,12 +5,14 @@ tests/settings/test_options.py holds these fields to the table (names, types, de
 
 from __future__ import annotations
 
-from mpslaunch import record
+from mpslaunch import Record, record
 from mpslaunch.settings.options import DEFAULT_GRACE_SECONDS, REQUEST_OPTIONS
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 
 
 @record
-class LaunchOptions:
+class LaunchOptions(Record):
     """What the command line asked for, the target aside. None means 'not given': the profile
     decides."""
 
@@ -68,6 +70,12 @@ class LaunchRequest(LaunchOptions):
 
     def __new__(cls, target: str, target_args: tuple[str, ...] = (), **options: object):
         return super().__new__(cls, target=target, target_args=target_args, **options)
+
+    if TYPE_CHECKING:  # __new__'s signature, where type checkers look (the fields' order differs)
+
+        def __init__(
+            self, target: str, target_args: tuple[str, ...] = (), **options: object
+        ) -> None: ...
 
 
 def request_problem(options: LaunchOptions) -> str | None:

@@ -26,11 +26,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import write_script
-from conftest import file_line
+from helpers import write_script
+from helpers import file_line
 from test_faults import MARKER, in_process, run_env, survivors
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and uses Linux signals"),
+              pytest.mark.slow]
 
 TWO_CPU_RANKS = ["launch", "--cpu", "-q", "--num_processes", "2"]
 

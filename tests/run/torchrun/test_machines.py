@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 from mpslaunch.run.torch_internals import bound_store, c10d_ranks_share_the_rendezvous_store
 from test_rendezvous import free_port, start, wait_until_machine_0_waits  # noqa: F401 (a fixture)
 
@@ -64,6 +64,7 @@ def wait_until_joined(port: int, rank: int, launcher: subprocess.Popen) -> None:
 # ---------------------------------------------------------------- refused before anything starts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given, address, port", [
     ("10.0.0.1:29500", "10.0.0.1", "29500"),
     ("[fd00::5]:29501", "fd00::5", "29501"),
@@ -79,6 +80,7 @@ def test_a_main_address_with_a_port_in_it_is_refused_with_the_option_to_use(tmp_
         f"({address}) and the port with --main_process_port {port}")
 
 
+@pytest.mark.slow
 def test_an_ipv6_main_address_is_taken_with_or_without_brackets_and_shown_with_them(tmp_path):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     for given in ("::1", "[::1]"):
@@ -90,6 +92,7 @@ def test_an_ipv6_main_address_is_taken_with_or_without_brackets_and_shown_with_t
         assert "serves the rendezvous store, on [::1]:29600 only" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_machine_0_that_never_comes_at_an_ipv6_address_is_named_in_brackets(tmp_path):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     port = free_port()
@@ -100,6 +103,7 @@ def test_a_machine_0_that_never_comes_at_an_ipv6_address_is_named_in_brackets(tm
     assert f"::1:{port}" not in result.stderr.replace(f"[::1]:{port}", "")
 
 
+@pytest.mark.slow
 def test_max_restarts_on_several_machines_needs_c10d(tmp_path):
     """With a static rendezvous the restarted ranks go to the old gloo addresses: machine 1 exits
     1, machine 0 waits forever (torch does the same). Refused; c10d restarts."""
@@ -115,6 +119,7 @@ def test_max_restarts_on_several_machines_needs_c10d(tmp_path):
     assert run_cli(*args, "--rdzv_backend", "c10d", "--dry-run", str(script), env=IFNAME).returncode == 0
 
 
+@pytest.mark.slow
 def test_dry_run_with_c10d_names_the_ranks_store_as_this_torch_serves_it(tmp_path):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     result = run_cli("launch", "--cpu", "--num_machines", "2", "--machine_rank", "0",
@@ -154,7 +159,7 @@ def test_where_each_torch_release_serves_the_stores(version, address, bound, sha
     (("node1", ()), "10.0.0.1", {}, False),  # unknown: not refused on a guess
 ])
 def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, main, environ, refused):
-    from conftest import MACHINES
+    from helpers import MACHINES
     from mpslaunch.output import MpslaunchError
     from mpslaunch.settings import LaunchRequest
     from mpslaunch.plan import resolve
@@ -172,6 +177,7 @@ def test_a_host_name_that_stands_for_the_loopback_only_is_refused_for_gloo(own, 
 # ---------------------------------------------------------------- launchers on the loopback
 
 
+@pytest.mark.slow
 def test_a_second_launcher_for_a_taken_machine_rank_is_refused_in_one_line(tmp_path, start):
     """Three launchers on one port for two machines (ranks 0, 1, 1): two run; the extra
     machine 1 says so and exits 2 instead of waiting silently until it is killed."""
@@ -196,6 +202,7 @@ def test_a_second_launcher_for_a_taken_machine_rank_is_refused_in_one_line(tmp_p
         assert launcher.returncode == 0, stderr
 
 
+@pytest.mark.slow
 def test_machine_0_lost_during_the_wait_is_one_line_without_a_cpp_stack(tmp_path, start):
     """Three machines, two come, then machine 0 is SIGKILLed while machine 1 waits for the third."""
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
@@ -325,6 +332,7 @@ def wait_for_files(paths: list[Path], launchers: list[subprocess.Popen], seconds
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 def test_two_hosts_train_and_listen_where_the_dry_run_says(tmp_path, two_hosts, backend):
     """A real two-host run, each machine's launcher in its own namespace. The dry run's words
@@ -373,6 +381,7 @@ def test_two_hosts_train_and_listen_where_the_dry_run_says(tmp_path, two_hosts, 
             {host.address for host in two_hosts} | {"127.0.0.1", "0.0.0.0", "::"}, found
 
 
+@pytest.mark.slow
 def test_two_hosts_whose_names_stand_for_the_loopback_are_told_before_starting(tmp_path, two_hosts):
     """As many /etc/hosts files have it: each host's name stands for 127.0.0.1. gloo would give
     the other host a loopback address and both would wait forever; both launchers say so and

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -80,6 +80,7 @@ def first_line(stream, seconds: float = 90) -> str:
     return lines.get(timeout=seconds)
 
 
+@pytest.mark.slow
 def test_machine_0_waiting_for_machine_1_stops_on_sigterm_and_says_who_is_missing(tmp_path, start):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     port = free_port()
@@ -94,6 +95,7 @@ def test_machine_0_waiting_for_machine_1_stops_on_sigterm_and_says_who_is_missin
     assert "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_machine_1_waiting_for_machine_0_retries_in_one_line_and_stops_on_ctrl_c(tmp_path, start):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     port = free_port()  # nobody listens there: machine 0 never comes
@@ -110,6 +112,7 @@ def test_machine_1_waiting_for_machine_0_retries_in_one_line_and_stops_on_ctrl_c
                          f"machine 0 at 127.0.0.1:{port} could not be reached (exit code 130)")
 
 
+@pytest.mark.slow
 def test_rdzv_timeout_ends_the_wait_with_exit_1_and_says_who_is_missing(tmp_path):
     script = write_script(tmp_path, "never.py", NEVER_RUNS)
     port = free_port()
@@ -120,6 +123,7 @@ def test_rdzv_timeout_ends_the_wait_with_exit_1_and_says_who_is_missing(tmp_path
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_machine_0_refuses_a_main_address_that_is_not_its_own(tmp_path):
     """The issue's case: a profile for machine 0 with someone else's address used to retry for
     15 minutes. 198.51.100.7 (TEST-NET-2) is no interface of this computer."""
@@ -138,6 +142,7 @@ def test_machine_0_refuses_a_main_address_that_is_not_its_own(tmp_path):
                    env={"GLOO_SOCKET_IFNAME": "lo"}).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine_0, machine_1, difference", [
     (["--mixed_precision", "bf16"], ["--mixed_precision", "no"],
      "machine 1 plans mixed precision no, machine 0 plans bf16"),
@@ -193,6 +198,7 @@ def http_server():
     server.server_close()
 
 
+@pytest.mark.slow
 def test_machine_1_facing_another_service_on_the_port_fails_within_the_timeout(tmp_path, http_server):
     """The port answers, but not as a rendezvous store: one line naming the address once
     --rdzv_timeout has passed, exit 1, never a wait without end."""
@@ -209,6 +215,7 @@ def test_machine_1_facing_another_service_on_the_port_fails_within_the_timeout(t
     assert not (tmp_path / "never.py.ran").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_machine_1_waiting_on_another_service_stops_on_a_signal(tmp_path, start, http_server, signum):
     """The store's handshake waits inside torch's C++; a stopping signal still ends it at once."""

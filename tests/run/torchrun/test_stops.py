@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import Lines, run_cli, wait_for, write_script
+from helpers import Lines, run_cli, wait_for, write_script
 from mpslaunch.run.torchrun.outcome import RankFailure, failure_summary
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
 from test_rendezvous import free_port, machine, wait_until_machine_0_waits
@@ -49,6 +49,7 @@ sys.exit(3)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grace, save, saved", [
     (1, 20, False),  # torch's own 30 s would let it save
     (60, 31, True),  # torch's own 30 s would kill it mid-save
@@ -98,6 +99,7 @@ def test_a_second_stopping_signal_while_the_first_is_handled_raises_nothing():
     assert signals.watcher.stopping_signal == signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_sigterms_in_a_burst_during_the_wait_for_the_other_machines_never_give_a_traceback(tmp_path):
     """GNU timeout sends SIGTERM twice; here SIGTERM comes again and again until the launcher
     is gone, so some land while the first one unwinds. It ends stopped by SIGTERM: 143, or
@@ -193,6 +195,7 @@ def in_the_tailers_stop(stack: list[tuple[str, str]]) -> bool:
     return any(file.endswith("tail_log.py") and function == "stop" for file, function in stack[:4])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_a_stop_while_torch_restarts_the_ranks_ends_the_run(tmp_path, marker, signum):
     """The signal lands while torch stops an attempt's ranks to restart them (in its log tailers'
@@ -259,6 +262,7 @@ def stopped_by(launcher: subprocess.Popen, stderr: str) -> str:
     return name[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_burst_of_stop_signals_at_start_up_stops_the_run_and_blames_no_rank(tmp_path, marker, stage):
     """INT, HUP and TERM at once at a given stage of the start: the run stops, whatever torch was
@@ -296,6 +300,7 @@ def ranks_ready(folder: Path) -> bool:
     return all((folder / f"ready.{rank}").exists() for rank in (0, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first, then, killed", [
     (signal.SIGINT, signal.SIGINT, "SIGINT came again"),  # Ctrl-C twice
     (signal.SIGTERM, signal.SIGHUP, "SIGHUP came"),  # two different stops
@@ -326,6 +331,7 @@ def test_a_stop_says_the_grace_period_at_once_and_a_second_one_kills_the_ranks(t
     assert processes_with(marker) == []
 
 
+@pytest.mark.slow
 def test_two_stop_signals_at_once_give_one_code_printed_and_returned(tmp_path, marker):
     """Sent together, both are pending when the kernel hands them over (lowest number first):
     the one the last line names is the exit code, and the other killed the ranks."""
@@ -358,6 +364,7 @@ time.sleep(120)
 PASSED_ON = ["SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PASSED_ON)
 def test_signals_that_would_end_the_launcher_reach_every_rank(tmp_path, marker, name):
     """Their default action ends a process: the launcher passes them on instead, so the ranks
@@ -390,6 +397,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_one_signal_sent_twice_at_once_is_one_stop_and_the_ranks_save(tmp_path, marker):
     """GNU timeout sends its signal to the launcher, then to its process group: the ranks get
     their grace period, not a kill at the second copy."""

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import own_lines, run_cli, two_gloo_ranks_ended_well, wait_for, write_script
+from helpers import own_lines, run_cli, two_gloo_ranks_ended_well, wait_for, write_script
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and /proc")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and /proc"),
+              pytest.mark.slow]
 
 TWO_CPU_RANKS = ("launch", "--cpu", "--num_processes", "2")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MACHINES
+from helpers import MACHINES
 from mpslaunch.plan import resolve
 from mpslaunch.settings import LaunchRequest
 from mpslaunch.settings import Profile

@@ -15,14 +15,29 @@ from pathlib import Path
 
 from mpslaunch import machine as machine_probe
 from mpslaunch import output
-from mpslaunch.output import MpslaunchError
-from mpslaunch.machine import Machine
 from mpslaunch.launcher import prepare
+from mpslaunch.machine import Machine
+from mpslaunch.output import MpslaunchError
 from mpslaunch.plan import decide, mps_problem, settle
-from mpslaunch.settings import (DEFAULT, KNOWN_KEYS, MPS_KEYS, LaunchOptions, Profile,
-                                ProfileFile, Settings, add_option, add_table_options,
-                                check_profile, default_config_path, file_layer, merge,
-                                options_layer, profile_files, profile_layer, unused_default_note)
+from mpslaunch.settings import (
+    DEFAULT,
+    KNOWN_KEYS,
+    MPS_KEYS,
+    LaunchOptions,
+    Profile,
+    ProfileFile,
+    Settings,
+    add_option,
+    add_table_options,
+    check_profile,
+    default_config_path,
+    file_layer,
+    merge,
+    options_layer,
+    profile_files,
+    profile_layer,
+    unused_default_note,
+)
 
 HELP = """\
 Write a profile: the settings `mpslaunch launch` uses when no option overrides them.
@@ -54,18 +69,36 @@ DEFAULT_CHOICES = ("device", "mixed_precision", "num_processes")  # what --defau
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=("show", "default"), metavar="show|default",
-                        help="show: print the profile in force instead of writing one; "
-                             "default: the same as --default")
-    parser.add_argument("--default", "--yes", "-y", dest="default", action="store_true",
-                        help="write the default profile without asking questions")
-    add_option(parser, "--from_accelerate", nargs="?", const="", metavar="PATH",
-               help="write the profile an Accelerate config file means (default: Accelerate's "
-                    "own default config), and show it")
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("show", "default"),
+        metavar="show|default",
+        help="show: print the profile in force instead of writing one; "
+        "default: the same as --default",
+    )
+    parser.add_argument(
+        "--default",
+        "--yes",
+        "-y",
+        dest="default",
+        action="store_true",
+        help="write the default profile without asking questions",
+    )
+    add_option(
+        parser,
+        "--from_accelerate",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="write the profile an Accelerate config file means (default: Accelerate's "
+        "own default config), and show it",
+    )
     which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
     add_table_options(which, "profile", "config_file")
-    chosen = parser.add_argument_group("with --default or --from_accelerate (as `accelerate config "
-                                       "default` takes them)")
+    chosen = parser.add_argument_group(
+        "with --default or --from_accelerate (as `accelerate config default` takes them)"
+    )
     add_table_options(chosen, *DEFAULT_CHOICES)
 
 
@@ -75,29 +108,40 @@ def main(args: argparse.Namespace) -> int:
     choices = {key: getattr(args, key, None) for key in DEFAULT_CHOICES}
     choices = {key: value for key, value in choices.items() if value is not None}
     if choices and not (writes_default or importing):
-        raise MpslaunchError(f"--{next(iter(choices))} goes with `config --default`; the questions "
-                             "ask it (`mpslaunch config`), `config show` only prints")
+        raise MpslaunchError(
+            f"--{next(iter(choices))} goes with `config --default`; the questions "
+            "ask it (`mpslaunch config`), `config show` only prints"
+        )
     if args.action == "show":
         if args.default or importing:
-            raise MpslaunchError("`config show` prints a profile and `--default` or "
-                                 "`--from_accelerate` writes one; give one of them")
+            raise MpslaunchError(
+                "`config show` prints a profile and `--default` or "
+                "`--from_accelerate` writes one; give one of them"
+            )
         print(show(args.config_file, args.profile))
         return 0
     path = profile_files.profile_path(args.config_file, args.profile)
     profile_files.check_writable_place(path)
     if path.is_dir():  # say so before any question is asked, not after
-        raise MpslaunchError(f"{path} is a folder; give --config_file the path of a .yaml file to write")
+        raise MpslaunchError(
+            f"{path} is a folder; give --config_file the path of a .yaml file to write"
+        )
     if importing:
-        return from_accelerate(args.from_accelerate, path, machine_probe.probe(), choices,
-                               ask=not writes_default)
+        return from_accelerate(
+            args.from_accelerate, path, machine_probe.probe(), choices, ask=not writes_default
+        )
     if writes_default:
         machine = machine_probe.probe()
-        profile = default_profile(machine, os.environ, bool(args.config_file or args.profile), **choices)
+        profile = default_profile(
+            machine, os.environ, bool(args.config_file or args.profile), **choices
+        )
         return write(profile, path, machine, how_to_use(args))
     if not sys.stdin.isatty():
-        raise MpslaunchError("stdin is not a terminal, so the questions cannot be asked; run "
-                             "`mpslaunch config --default` to write the default profile, or run "
-                             "`mpslaunch config` in a terminal")
+        raise MpslaunchError(
+            "stdin is not a terminal, so the questions cannot be asked; run "
+            "`mpslaunch config --default` to write the default profile, or run "
+            "`mpslaunch config` in a terminal"
+        )
     return interactive(path, machine_probe.probe(), how_to_use(args))
 
 
@@ -133,12 +177,16 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
     unasked use_cpu: true is questioned (ask) or replaced by mps (--default)."""
     config_path = Path(source).expanduser() if source else default_config_path()
     if not config_path.is_file():
-        raise MpslaunchError(f"no Accelerate config file at {config_path}; give its path: "
-                             "`mpslaunch config --from_accelerate PATH`")
+        raise MpslaunchError(
+            f"no Accelerate config file at {config_path}; give its path: "
+            "`mpslaunch config --from_accelerate PATH`"
+        )
     translation = profile_files.read_accelerate(config_path)
     if translation is None:
-        raise MpslaunchError(f"{config_path} is an mpslaunch profile, not an Accelerate config; "
-                             f"use it as it is with --config_file {config_path}")
+        raise MpslaunchError(
+            f"{config_path} is an mpslaunch profile, not an Accelerate config; "
+            f"use it as it is with --config_file {config_path}"
+        )
     print(f"Read {config_path} as an Accelerate config file.")
     for warning in translation.warnings:
         output.warning(warning)
@@ -153,22 +201,29 @@ def from_accelerate(source: str, path: Path, machine: Machine, choices: dict, as
 
 
 def _keep_mps(ask: bool) -> bool:
-    why = ("its use_cpu: true is what `accelerate config default` writes on every Mac without "
-           "asking (it looks only for NVIDIA GPUs)")
+    why = (
+        "its use_cpu: true is what `accelerate config default` writes on every Mac without "
+        "asking (it looks only for NVIDIA GPUs)"
+    )
     if not ask:
-        output.note(f"{why}; the profile keeps the Mac's GPU (device auto, which is mps here); "
-                    "give --device cpu to keep cpu")
+        output.note(
+            f"{why}; the profile keeps the Mac's GPU (device auto, which is mps here); "
+            "give --device cpu to keep cpu"
+        )
         return True
     if not sys.stdin.isatty():
-        raise MpslaunchError(f"{why}, and stdin is not a terminal, so mpslaunch cannot ask which "
-                             "you want; add --default to keep mps, or --device cpu")
+        raise MpslaunchError(
+            f"{why}, and stdin is not a terminal, so mpslaunch cannot ask which "
+            "you want; add --default to keep mps, or --device cpu"
+        )
     from mpslaunch.commands.config import questions
 
     return questions.keep_mps(f"This file's {why[4:]}. Train on this Mac's GPU (mps) instead?")
 
 
-def default_profile(machine: Machine, environ: Mapping[str, str], elsewhere: bool = False,
-                    **choices) -> Profile:
+def default_profile(
+    machine: Machine, environ: Mapping[str, str], elsewhere: bool = False, **choices
+) -> Profile:
     """--default: the defaults and the choices given, checked as `launch` checks them. Without
     --num_processes the count stays null (one process per NVIDIA GPU), so that a profile in a
     home folder shared by several machines means what it says on each. `elsewhere`: the profile
@@ -181,8 +236,10 @@ def default_profile(machine: Machine, environ: Mapping[str, str], elsewhere: boo
         if "device" not in choices:
             raise
         if not elsewhere:
-            raise MpslaunchError(f"{refusal}; or, for another machine, write it under its own "
-                                 "name: --config_file PATH or --profile NAME") from None
+            raise MpslaunchError(
+                f"{refusal}; or, for another machine, write it under its own "
+                "name: --config_file PATH or --profile NAME"
+            ) from None
         checked = Profile(**choices)  # for another machine: the rules that hold on any machine
         problem = check_profile(checked)
         if problem:
@@ -197,10 +254,14 @@ def write(profile: Profile, path: Path, machine: Machine, use: str = "") -> int:
         kept = _keep_previous(path, text) if replaced else None
         profile_files.save(profile, path, unused_keys(profile, machine))
     except OSError as error:
-        raise MpslaunchError(f"cannot write {path}: {error.strerror}; choose another place "
-                             "with --config_file PATH or MPSLAUNCH_CONFIG_DIR") from None
-    print(f"{'Replaced' if replaced else 'Wrote'} {path}"
-          f"{f' (the previous one is kept as {kept})' if kept else ''}:\n")
+        raise MpslaunchError(
+            f"cannot write {path}: {error.strerror}; choose another place "
+            "with --config_file PATH or MPSLAUNCH_CONFIG_DIR"
+        ) from None
+    print(
+        f"{'Replaced' if replaced else 'Wrote'} {path}"
+        f"{f' (the previous one is kept as {kept})' if kept else ''}:\n"
+    )
     print(text)
     print(on_this_machine(ProfileFile(profile, path), machine))
     if use:
@@ -227,9 +288,12 @@ def show(config_file: str | None, profile_name: str | None, machine: Machine | N
     if loaded.path is None:
         where = profile_files.profile_path(config_file, profile_name)
         denied = profile_files.denied(where)
-        head = (f"# {where} cannot be read ({denied}): the defaults below apply; set "
-                "MPSLAUNCH_CONFIG_DIR to a folder of your own" if denied else
-                f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)")
+        head = (
+            f"# {where} cannot be read ({denied}): the defaults below apply; set "
+            "MPSLAUNCH_CONFIG_DIR to a folder of your own"
+            if denied
+            else f"# no profile at {where}: the defaults below apply (write one with `mpslaunch config`)"
+        )
     elif loaded.translation:
         head = f"# {loaded.path}: an Accelerate config file, read as this profile"
         head += "".join(f"\n# warning: {warning}" for warning in loaded.translation.warnings)
@@ -282,6 +346,8 @@ def _existing(path: Path) -> Profile | None:
     try:
         return profile_files.load(path)
     except MpslaunchError as error:
-        output.warning(f"the existing profile cannot be used as a starting point ({error}); "
-                       "answering the questions replaces it")
+        output.warning(
+            f"the existing profile cannot be used as a starting point ({error}); "
+            "answering the questions replaces it"
+        )
         return None

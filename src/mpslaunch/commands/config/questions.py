@@ -9,15 +9,32 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import Machine, with_addresses
-from mpslaunch.plan import (choose_device, cuda_problem, decide, main_address_problem,
-                           most_processes, mps_problem, precision_refusal, processes_problem)
-from mpslaunch.settings import (DEFAULT_PORT, PRECISIONS, RDZV_BACKENDS, LaunchOptions, Profile,
-                                check_profile, check_value, merge, profile_layer)
+from mpslaunch.output import MpslaunchError
+from mpslaunch.plan import (
+    choose_device,
+    cuda_problem,
+    decide,
+    main_address_problem,
+    most_processes,
+    mps_problem,
+    precision_refusal,
+    processes_problem,
+)
+from mpslaunch.settings import (
+    DEFAULT_PORT,
+    PRECISIONS,
+    RDZV_BACKENDS,
+    LaunchOptions,
+    Profile,
+    check_profile,
+    check_value,
+    merge,
+    profile_layer,
+)
 
 _NO_FLAGS = LaunchOptions()  # the questions plan with the profile alone, as `launch` with no flags
 RDZV_LABELS = {
@@ -25,8 +42,16 @@ RDZV_LABELS = {
     "c10d": "c10d: torch gives each machine its rank as it joins",
 }
 # Accelerate's own settings are not asked about: an existing profile's values are kept.
-KEPT = ("gpu_ids", "dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
-        "dynamo_use_regional_compilation", "debug", "check")
+KEPT = (
+    "gpu_ids",
+    "dynamo_backend",
+    "dynamo_mode",
+    "dynamo_use_fullgraph",
+    "dynamo_use_dynamic",
+    "dynamo_use_regional_compilation",
+    "debug",
+    "check",
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +97,11 @@ def process_counts(device: str, machine: Machine) -> tuple[int, ...]:
     """Processes per machine that plan.processes_problem accepts here: 1 on mps, one per GPU on
     cuda, up to the plan's cap on cpu (`launch` warns above one per core, and so do the questions)."""
     upper = most_processes(device, machine)
-    return tuple(n for n in range(1, upper + 1)
-                 if processes_problem(Profile(num_processes=n), device, machine) is None)
+    return tuple(
+        n
+        for n in range(1, upper + 1)
+        if processes_problem(Profile(num_processes=n), device, machine) is None
+    )
 
 
 def several_machines_possible(device: str, machine: Machine) -> bool:
@@ -85,8 +113,9 @@ def several_machines_possible(device: str, machine: Machine) -> bool:
 # ---------------------------------------------------------------- the questions
 
 
-def ask_profile(machine: Machine, start: Profile | None = None,
-                say: Callable[[str], None] = print) -> Profile:
+def ask_profile(
+    machine: Machine, start: Profile | None = None, say: Callable[[str], None] = print
+) -> Profile:
     """Ask what applies to `machine`; answers default to `start` (the existing profile) where
     this machine still allows them. Raises KeyboardInterrupt (Ctrl-C) or EOFError (end of input)."""
     import questionary  # only here: the other commands never pay for prompt_toolkit
@@ -96,13 +125,19 @@ def ask_profile(machine: Machine, start: Profile | None = None,
     start = start or Profile()
 
     offer = device_offer(machine)
-    device = ask.choose("Which device should training use?", offer,
-                        default=start.device,
-                        labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"})
+    device = ask.choose(
+        "Which device should training use?",
+        offer,
+        default=start.device,
+        labels={"auto": f"auto (here: {device_in_use('auto', machine)[1]})"},
+    )
     used, _ = device_in_use(device, machine)
     counts = process_counts(used, machine)
-    profile = Profile(device=device, num_processes=counts[0],  # written out, never left to auto
-                      **{key: getattr(start, key) for key in KEPT})
+    profile = Profile(
+        device=device,
+        num_processes=counts[0],  # written out, never left to auto
+        **{key: getattr(start, key) for key in KEPT},
+    )
     if len(counts) > 1:
         what = "GPU" if used == "cuda" else "CPU"
         # A new profile uses every GPU (one process each); on cpu one process is the safe start.
@@ -110,27 +145,37 @@ def ask_profile(machine: Machine, start: Profile | None = None,
             default = start.num_processes
         else:
             default = counts[-1] if used == "cuda" else 1
-        profile = profile.replace(num_processes=ask.number(
-            f"How many {what} processes on this machine?", default, counts[0], counts[-1]))
+        profile = profile.replace(
+            num_processes=ask.number(
+                f"How many {what} processes on this machine?", default, counts[0], counts[-1]
+            )
+        )
         for warning in decide(profile, _NO_FLAGS, machine, {}).warnings:
             ask.note(warning)
     elif used == "mps":
-        ask.note("one process: only one process can use a Mac's GPU (gloo and nccl cannot carry "
-                 "mps tensors)")
+        ask.note(
+            "one process: only one process can use a Mac's GPU (gloo and nccl cannot carry "
+            "mps tensors)"
+        )
 
     if several_machines_possible(used, machine) and ask.confirm(
-            "Will this training run across several machines?", default=start.num_machines > 1):
+        "Will this training run across several machines?", default=start.num_machines > 1
+    ):
         profile = _ask_machines(ask, profile, start, machine)
 
-    precision = ask.choose("Mixed precision?", precision_offer(used, machine),
-                           default=start.mixed_precision)
+    precision = ask.choose(
+        "Mixed precision?", precision_offer(used, machine), default=start.mixed_precision
+    )
     profile = profile.replace(mixed_precision=precision)
 
     if used == "mps":
         profile = profile.replace(
-            mps_fallback=ask.confirm("Run ops without an MPS kernel on the CPU "
-                                     "(PYTORCH_ENABLE_MPS_FALLBACK)?", default=start.mps_fallback),
-            mps_memory_cap=ask.memory_cap(start.mps_memory_cap))
+            mps_fallback=ask.confirm(
+                "Run ops without an MPS kernel on the CPU (PYTORCH_ENABLE_MPS_FALLBACK)?",
+                default=start.mps_fallback,
+            ),
+            mps_memory_cap=ask.memory_cap(start.mps_memory_cap),
+        )
 
     _check_offered(profile, machine)
     return profile
@@ -143,34 +188,54 @@ def keep_mps(question: str) -> bool:
     return questionary.confirm(question, default=True).unsafe_ask()
 
 
-def _ask_machines(ask: "_Asker", profile: Profile, start: Profile, machine: Machine) -> Profile:
+def _ask_machines(ask: _Asker, profile: Profile, start: Profile, machine: Machine) -> Profile:
     count = ask.number("How many machines?", max(start.num_machines, 2), 2, None)
-    rank = ask.number(f"This machine's rank (0 is the main machine, up to {count - 1})?",
-                      min(start.machine_rank, count - 1), 0, count - 1)
+    rank = ask.number(
+        f"This machine's rank (0 is the main machine, up to {count - 1})?",
+        min(start.machine_rank, count - 1),
+        0,
+        count - 1,
+    )
     address, via_nat = _main_address(ask, machine, count, rank, start)
-    port = ask.number("Port on the main machine?", start.main_process_port or DEFAULT_PORT, 1, 65535)
-    backend = ask.choose("Rendezvous backend?", Offer(RDZV_BACKENDS), default=start.rdzv_backend,
-                         labels=RDZV_LABELS)
-    return profile.replace(num_machines=count, machine_rank=rank, main_process_ip=address,
-                           main_process_ip_via_nat=via_nat, main_process_port=port,
-                           rdzv_backend=backend)
+    port = ask.number(
+        "Port on the main machine?", start.main_process_port or DEFAULT_PORT, 1, 65535
+    )
+    backend = ask.choose(
+        "Rendezvous backend?", Offer(RDZV_BACKENDS), default=start.rdzv_backend, labels=RDZV_LABELS
+    )
+    return profile.replace(
+        num_machines=count,
+        machine_rank=rank,
+        main_process_ip=address,
+        main_process_ip_via_nat=via_nat,
+        main_process_port=port,
+        rdzv_backend=backend,
+    )
 
 
-def _main_address(ask: "_Asker", machine: Machine, count: int, rank: int,
-                  start: Profile) -> tuple[str, bool]:
+def _main_address(
+    ask: _Asker, machine: Machine, count: int, rank: int, start: Profile
+) -> tuple[str, bool]:
     """The main address; on machine 0, one of its own (plan.main_address_problem) unless the
     user says it reaches this machine through NAT."""
     default = start.main_process_ip or ""
     while True:
-        address = ask.text("Address of the main machine (rank 0), as the others reach it?",
-                           default, lambda text: None if text.strip() else "give an address").strip()
+        address = ask.text(
+            "Address of the main machine (rank 0), as the others reach it?",
+            default,
+            lambda text: None if text.strip() else "give an address",
+        ).strip()
         settings = Profile(num_machines=count, machine_rank=rank, main_process_ip=address)
-        problem = main_address_problem(settings, with_addresses(machine, address)) if rank == 0 else None
+        problem = (
+            main_address_problem(settings, with_addresses(machine, address)) if rank == 0 else None
+        )
         if problem is None:
             return address, False
         ask.note(problem)
-        if ask.confirm(f"Does {address} reach this machine through NAT or port forwarding?",
-                       default=start.main_process_ip_via_nat):
+        if ask.confirm(
+            f"Does {address} reach this machine through NAT or port forwarding?",
+            default=start.main_process_ip_via_nat,
+        ):
             return address, True
         default = ""
 
@@ -193,10 +258,20 @@ class _Asker:
     def note(self, text: str) -> None:
         """An indented note, wrapped between words to the terminal's width."""
         width = min(shutil.get_terminal_size().columns, 100) - 1
-        self.say(textwrap.fill(text, width, initial_indent="  ", subsequent_indent="    ",
-                               break_long_words=False, break_on_hyphens=False))
+        self.say(
+            textwrap.fill(
+                text,
+                width,
+                initial_indent="  ",
+                subsequent_indent="    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
 
-    def choose(self, message: str, offer: Offer, default: str, labels: dict[str, str] | None = None) -> str:
+    def choose(
+        self, message: str, offer: Offer, default: str, labels: dict[str, str] | None = None
+    ) -> str:
         for choice, why in offer.hidden:
             self.note(f"{choice} not offered: {why}")
         labels = labels or {}
@@ -227,7 +302,11 @@ class _Asker:
             except ValueError:
                 return "give a whole number"
             if value < low or (high is not None and value > high):
-                return f"give a number from {low} to {high}" if high is not None else f"give {low} or more"
+                return (
+                    f"give a number from {low} to {high}"
+                    if high is not None
+                    else f"give {low} or more"
+                )
             return None
 
         limits = f"{low}-{high}" if high is not None else f"{low} or more"
@@ -244,6 +323,9 @@ class _Asker:
             return check_value("mps_memory_cap", value)
 
         self.note("the MPS memory cap is a multiple of the GPU's recommended working set")
-        answer = self.text("MPS memory cap (0.0 = no limit, up to 2.0, none = torch's 1.7)?",
-                           "none" if default is None else str(default), problem).strip()
+        answer = self.text(
+            "MPS memory cap (0.0 = no limit, up to 2.0, none = torch's 1.7)?",
+            "none" if default is None else str(default),
+            problem,
+        ).strip()
         return None if answer.lower() == "none" else float(answer)

@@ -41,13 +41,24 @@ GRACE_SECONDS = 5.0  # the check script stops at once
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-               help="a process that takes longer fails its check (default: %(default)g)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the plan and the checks as JSON, for a bug report")
+    add_option(
+        parser,
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="a process that takes longer fails its check (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the plan and the checks as JSON, for a bug report",
+    )
     which = parser.add_argument_group("which profile (default: default.yaml in the config folder)")
     add_table_options(which, "profile", "config_file")
-    plan = parser.add_argument_group("what to test, as for `mpslaunch launch` (default: the profile)")
+    plan = parser.add_argument_group(
+        "what to test, as for `mpslaunch launch` (default: the profile)"
+    )
     add_table_options(plan, "cpu", "device", "mixed_precision", "num_processes")
 
 
@@ -71,8 +82,9 @@ def resolve_plan(args: argparse.Namespace, report_dir: str):
     """The plan `mpslaunch launch` would make for the check script, with what to expect."""
     from mpslaunch import launcher
 
-    request = request_from_args(_with_launch_defaults(args), str(CHECK_SCRIPT),
-                                ("--report-dir", report_dir))
+    request = request_from_args(
+        _with_launch_defaults(args), str(CHECK_SCRIPT), ("--report-dir", report_dir)
+    )
     plan = launcher.prepare(request, args.profile, args.config_file)
     return plan._replace(command=(*plan.command, *expectations(plan, args.timeout)))
 
@@ -82,20 +94,30 @@ def _with_launch_defaults(args: argparse.Namespace) -> argparse.Namespace:
     from mpslaunch.settings import REQUEST_OPTIONS
 
     given = {"grace_period": GRACE_SECONDS, **vars(args)}
-    return argparse.Namespace(**{option.name: given.get(option.name, option.request_default)
-                                 for option in REQUEST_OPTIONS})
+    return argparse.Namespace(
+        **{
+            option.name: given.get(option.name, option.request_default)
+            for option in REQUEST_OPTIONS
+        }
+    )
 
 
 def expectations(plan, timeout: float) -> tuple[str, ...]:
     # What the child will actually see for the fallback: the plan's value, or the user's own.
-    fallback = plan.env.get("PYTORCH_ENABLE_MPS_FALLBACK",
-                            os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK", "1"))
+    fallback = plan.env.get(
+        "PYTORCH_ENABLE_MPS_FALLBACK", os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+    )
     return (
-        "--expect-device", plan.device,
-        "--expect-precision", plan.settings.mixed_precision,
-        "--expect-world-size", str(plan.world_size),
-        "--expect-mps-fallback", "1" if fallback.strip() == "1" else "0",
-        "--timeout", str(timeout),
+        "--expect-device",
+        plan.device,
+        "--expect-precision",
+        plan.settings.mixed_precision,
+        "--expect-world-size",
+        str(plan.world_size),
+        "--expect-mps-fallback",
+        "1" if fallback.strip() == "1" else "0",
+        "--timeout",
+        str(timeout),
     )
 
 
@@ -115,22 +137,28 @@ def collect(report_dir: Path, expected_ranks: int, child_code: int) -> list[Outc
     outcomes = _merge_checks(reports)
     if len(reports) < expected_ranks:
         missing = expected_ranks - len(reports)
-        outcomes.append(Outcome(
-            "report", False,
-            f"{missing} of {expected_ranks} process(es) ended without a report "
-            f"(launcher exit code {child_code})",
-            "the check script crashed before reporting; its error is printed above; "
-            "run `mpslaunch env` and report both",
-        ))
+        outcomes.append(
+            Outcome(
+                "report",
+                False,
+                f"{missing} of {expected_ranks} process(es) ended without a report "
+                f"(launcher exit code {child_code})",
+                "the check script crashed before reporting; its error is printed above; "
+                "run `mpslaunch env` and report both",
+            )
+        )
     elif child_code != 0 and all(outcome.ok for outcome in outcomes):
         # Every check passed, then a process ended badly: not "all passed" under a failure line.
-        outcomes.append(Outcome(
-            "exit", False,
-            f"every check passed, then the launcher ended with exit code {child_code}, not 0: "
-            "its line above says which process and how",
-            f"when that line says torch's exit aborted ({run.EXIT_ABORT_ISSUE}), the checks hold and "
-            "your scripts may end the same way; otherwise run `mpslaunch env` and report both",
-        ))
+        outcomes.append(
+            Outcome(
+                "exit",
+                False,
+                f"every check passed, then the launcher ended with exit code {child_code}, not 0: "
+                "its line above says which process and how",
+                f"when that line says torch's exit aborted ({run.EXIT_ABORT_ISSUE}), the checks hold and "
+                "your scripts may end the same way; otherwise run `mpslaunch env` and report both",
+            )
+        )
     return outcomes
 
 
@@ -160,8 +188,9 @@ def _merge_checks(reports: list[dict]) -> list[Outcome]:
         ranks = ", ".join(str(rank) for rank, _ in failed)
         first = failed[0][1]
         where = f"rank{'s' if len(failed) > 1 else ''} {ranks}: " if len(reports) > 1 else ""
-        outcomes.append(Outcome(name, False, where + first["detail"], first.get("fix", ""),
-                                figures))
+        outcomes.append(
+            Outcome(name, False, where + first["detail"], first.get("fix", ""), figures)
+        )
     return outcomes
 
 
@@ -171,10 +200,17 @@ def _passed_detail(results: list[tuple[int, dict]]) -> str:
 
 
 def as_json(plan, outcomes: list[Outcome], passed: bool) -> str:
-    return json.dumps({"plan": plan.summary(), "device": plan.device,
-                       "mixed_precision": plan.settings.mixed_precision,
-                       "processes": plan.world_size,
-                       "passed": passed, "checks": [asdict(o) for o in outcomes]}, indent=2)
+    return json.dumps(
+        {
+            "plan": plan.summary(),
+            "device": plan.device,
+            "mixed_precision": plan.settings.mixed_precision,
+            "processes": plan.world_size,
+            "passed": passed,
+            "checks": [asdict(o) for o in outcomes],
+        },
+        indent=2,
+    )
 
 
 def format_outcomes(outcomes: list[Outcome]) -> str:
@@ -187,6 +223,9 @@ def format_outcomes(outcomes: list[Outcome]) -> str:
         if not o.ok and o.fix:
             lines.append(f"      {''.ljust(width)}  what to change: {o.fix}")
     failed = sum(not o.ok for o in outcomes)
-    lines.append(f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed"
-                 if failed else f"mpslaunch test: all {len(outcomes)} checks passed")
+    lines.append(
+        f"mpslaunch test: {len(outcomes) - failed} of {len(outcomes)} checks passed"
+        if failed
+        else f"mpslaunch test: all {len(outcomes)} checks passed"
+    )
     return "\n".join(lines)

@@ -22,8 +22,12 @@ LEARNING_RATE = 1.0  # large enough that each step moves every weight by a visib
 # about 7 digits, float16 and TF32 (float32 matrix products on tensor cores, where the user
 # allowed them) about 3, bfloat16 about 2; mixed precision rounds each product.
 TOLERANCE = {"no": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
-DTYPE_NAME = {"no": "float32", "tf32": "float32 with TF32 matrix products", "fp16": "float16",
-              "bf16": "bfloat16"}
+DTYPE_NAME = {
+    "no": "float32",
+    "tf32": "float32 with TF32 matrix products",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+}
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def trace(torch, net, inputs, labels, device, precision: str) -> list[tuple[str,
             scaler.update()
         else:
             optimizer.step()
-        for (name, parameter), old in zip(net.named_parameters(), before):
+        for (name, parameter), old in zip(net.named_parameters(), before, strict=True):
             keep(f"step {step} update of {name}", parameter.detach() - old)
     return recorded
 
@@ -99,8 +103,9 @@ def compare(torch, device, precision: str) -> Comparison:
     device_net = copy.deepcopy(reference_net).to(device=device, dtype=torch.float32)
     inputs, labels = batch(torch)
     reference = trace(torch, reference_net, inputs, labels, torch.device("cpu"), "no")
-    measured = trace(torch, device_net, inputs.to(device, torch.float32), labels.to(device),
-                     device, precision)
+    measured = trace(
+        torch, device_net, inputs.to(device, torch.float32), labels.to(device), device, precision
+    )
     return judge(torch, str(device), _computed_in(torch, device, precision), reference, measured)
 
 
@@ -115,11 +120,19 @@ def _computed_in(torch, device, precision: str) -> str:
 def judge(torch, device: str, precision: str, reference, measured) -> Comparison:
     tolerance = TOLERANCE[precision]
     largest, largest_at = 0.0, ""
-    for (name, expected), (_, got) in zip(reference, measured):
+    for (name, expected), (_, got) in zip(reference, measured, strict=True):
         error = relative_error(torch, got, expected)
         if not error <= tolerance:  # a NaN is a mismatch too
-            return Comparison(device, DTYPE_NAME[precision], tolerance, len(reference), largest,
-                              largest_at, first_mismatch=name, mismatch_error=error)
+            return Comparison(
+                device,
+                DTYPE_NAME[precision],
+                tolerance,
+                len(reference),
+                largest,
+                largest_at,
+                first_mismatch=name,
+                mismatch_error=error,
+            )
         if error >= largest:
             largest, largest_at = error, name
     return Comparison(device, DTYPE_NAME[precision], tolerance, len(reference), largest, largest_at)
@@ -137,12 +150,16 @@ def relative_error(torch, got, expected) -> float:
 def describe(result: Comparison) -> str:
     where = f"on {result.device} in {result.dtype}"
     if result.ok:
-        return (f"{result.tensors} tensors of {STEPS} training steps {where} match the CPU's "
-                f"float64 within {result.tolerance:g} (largest error {result.largest_error:.1e}, "
-                f"{result.largest_at})")
-    return (f"{result.first_mismatch} {where} differs from the CPU's float64 by "
-            f"{result.mismatch_error:.3g} of its scale, above the {result.tolerance:g} allowed "
-            f"for {result.dtype}")
+        return (
+            f"{result.tensors} tensors of {STEPS} training steps {where} match the CPU's "
+            f"float64 within {result.tolerance:g} (largest error {result.largest_error:.1e}, "
+            f"{result.largest_at})"
+        )
+    return (
+        f"{result.first_mismatch} {where} differs from the CPU's float64 by "
+        f"{result.mismatch_error:.3g} of its scale, above the {result.tolerance:g} allowed "
+        f"for {result.dtype}"
+    )
 
 
 def _dtype(torch, precision: str):

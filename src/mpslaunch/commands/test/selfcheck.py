@@ -32,16 +32,27 @@ class Checks:
         self.running = "start-up"
         self.lock = threading.Lock()
 
-    def record(self, name: str, ok: bool, detail: str, fix: str = "",
-               figures: dict | None = None) -> None:
+    def record(
+        self, name: str, ok: bool, detail: str, fix: str = "", figures: dict | None = None
+    ) -> None:
         with self.lock:
-            self.results.append({"name": name, "ok": ok, "detail": detail, "fix": fix,
-                                 **({"figures": figures} if figures else {})})
+            self.results.append(
+                {
+                    "name": name,
+                    "ok": ok,
+                    "detail": detail,
+                    "fix": fix,
+                    **({"figures": figures} if figures else {}),
+                }
+            )
 
     def write(self) -> None:
         with self.lock:
-            document = {"rank": self.rank, "world_size": self.world_size,
-                        "checks": list(self.results)}
+            document = {
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "checks": list(self.results),
+            }
         # Atomic: the launcher never reads half a report.
         handle, temporary = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
@@ -51,9 +62,13 @@ class Checks:
 
 def start_watchdog(checks: Checks, seconds: float) -> None:
     def give_up() -> None:
-        checks.record(checks.running, False, f"did not finish within {seconds:.0f} s",
-                      "a rank hung; with several processes, check that every rank can reach "
-                      "the others (firewall, --main_process_port), or raise --timeout")
+        checks.record(
+            checks.running,
+            False,
+            f"did not finish within {seconds:.0f} s",
+            "a rank hung; with several processes, check that every rank can reach "
+            "the others (firewall, --main_process_port), or raise --timeout",
+        )
         checks.write()
         os._exit(1)
 
@@ -78,6 +93,7 @@ def first_line(error: BaseException) -> str:
 
 
 # ---- device ----------------------------------------------------------------------------------
+
 
 def rank_device(torch, planned: str):
     """The device this rank should compute on: with several cuda ranks, its own GPU."""
@@ -120,8 +136,9 @@ def _accelerator(torch, problems: list[str], fixes: list[str], planned: str):
     got = accelerator.device
     own_gpu = planned != "cuda" or got.index in (None, int(os.environ.get("LOCAL_RANK", "0")))
     if got.type != planned or not own_gpu:
-        problems.append(f"Accelerator() put this process on {got}, the plan says "
-                        f"{rank_device(torch, planned)}")
+        problems.append(
+            f"Accelerator() put this process on {got}, the plan says {rank_device(torch, planned)}"
+        )
         fixes.append(_accelerate_override_fix())
     return accelerator, "MPSLAUNCH_DEVICE, a real tensor and Accelerator() agree"
 
@@ -129,8 +146,9 @@ def _accelerator(torch, problems: list[str], fixes: list[str], planned: str):
 def _accelerate_override_fix() -> str:
     # The launcher always sets these two; any other ACCELERATE_* variable is the user's own.
     ours = {"ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION"}
-    theirs = sorted(f"{k}={v}" for k, v in os.environ.items()
-                    if k.startswith("ACCELERATE_") and k not in ours)
+    theirs = sorted(
+        f"{k}={v}" for k, v in os.environ.items() if k.startswith("ACCELERATE_") and k not in ours
+    )
     if theirs:
         return f"unset {', '.join(theirs)}: set in your environment, it overrides the plan"
     return WHAT_TO_REPORT
@@ -138,16 +156,21 @@ def _accelerate_override_fix() -> str:
 
 def _unusable_device_fix(planned: str) -> str:
     if planned == "mps":
-        return ("torch in the script's Python cannot use the Mac's GPU (sandboxes and some CI "
-                "Macs have no Metal device); check `python -c \"import torch; "
-                "print(torch.backends.mps.is_available())\"`, or run with --cpu")
+        return (
+            "torch in the script's Python cannot use the Mac's GPU (sandboxes and some CI "
+            'Macs have no Metal device); check `python -c "import torch; '
+            'print(torch.backends.mps.is_available())"`, or run with --cpu'
+        )
     if planned == "cuda":
-        return ("torch in the script's Python cannot use the GPU; check `nvidia-smi` and "
-                "CUDA_VISIBLE_DEVICES, or run with --cpu")
+        return (
+            "torch in the script's Python cannot use the GPU; check `nvidia-smi` and "
+            "CUDA_VISIBLE_DEVICES, or run with --cpu"
+        )
     return WHAT_TO_REPORT
 
 
 # ---- training --------------------------------------------------------------------------------
+
 
 def tiny_model(torch):
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
@@ -174,23 +197,33 @@ def check_train_step(checks: Checks, name: str, torch, planned: str) -> None:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
+    moved = any(
+        not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters(), strict=True)
+    )
     fix = f"training on {planned} does not work; check with --cpu, and " + WHAT_TO_REPORT
     if not all(math.isfinite(x) for x in losses):
         checks.record(name, False, f"the loss is not finite on {device}: {losses}", fix)
     elif not moved:
-        checks.record(name, False, f"the optimizer step left the weights unchanged on {device}", fix)
+        checks.record(
+            name, False, f"the optimizer step left the weights unchanged on {device}", fix
+        )
     else:
-        checks.record(name, True, f"forward, backward, SGD step on {device}; "
-                      f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        checks.record(
+            name,
+            True,
+            f"forward, backward, SGD step on {device}; loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+        )
 
 
-def check_mixed_precision(checks: Checks, name: str, torch, planned: str, precision: str,
-                          accelerator) -> None:
+def check_mixed_precision(
+    checks: Checks, name: str, torch, planned: str, precision: str, accelerator
+) -> None:
     problems = []
     if accelerator is not None and accelerator.mixed_precision != precision:
-        problems.append(f"Accelerator() chose mixed precision {accelerator.mixed_precision!r}, "
-                        f"the plan says {precision!r}")
+        problems.append(
+            f"Accelerator() chose mixed precision {accelerator.mixed_precision!r}, "
+            f"the plan says {precision!r}"
+        )
     if precision == "no":
         detail = "off: float32 throughout"
     else:
@@ -198,9 +231,13 @@ def check_mixed_precision(checks: Checks, name: str, torch, planned: str, precis
         if problem:
             problems.append(problem)
     if problems:
-        checks.record(name, False, "; ".join(problems),
-                      f"use --mixed_precision no (or another precision) on {planned}, "
-                      "or unset ACCELERATE_MIXED_PRECISION if you set it yourself")
+        checks.record(
+            name,
+            False,
+            "; ".join(problems),
+            f"use --mixed_precision no (or another precision) on {planned}, "
+            "or unset ACCELERATE_MIXED_PRECISION if you set it yourself",
+        )
     else:
         checks.record(name, True, detail)
 
@@ -233,25 +270,37 @@ def _autocast_step(torch, device, precision: str) -> tuple[str, str]:
 def check_numbers(checks: Checks, name: str, torch, planned: str, precision: str) -> None:
     """The device's numbers against the CPU's float64, through a few training steps."""
     result = number_check.compare(torch, rank_device(torch, planned), precision)
-    fix = "" if result.ok else (
-        f"{planned} computes other numbers than the CPU: see the plan line's warnings and "
-        "docs/mps-facts.md, \"Known faults\", in mpslaunch's repository; upgrade torch, try "
-        "--mixed_precision no, or compare with --cpu; " + WHAT_TO_REPORT)
+    fix = (
+        ""
+        if result.ok
+        else (
+            f"{planned} computes other numbers than the CPU: see the plan line's warnings and "
+            'docs/mps-facts.md, "Known faults", in mpslaunch\'s repository; upgrade torch, try '
+            "--mixed_precision no, or compare with --cpu; " + WHAT_TO_REPORT
+        )
+    )
     checks.record(name, result.ok, number_check.describe(result), fix, result.figures())
 
 
 # ---- mps fallback and all-reduce -------------------------------------------------------------
 
+
 def check_mps_fallback(checks: Checks, name: str, expected: str) -> None:
     seen = os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK")
     if seen == expected:
-        state = "on: ops without an mps kernel run on the cpu" if expected == "1" else "off, as planned"
+        state = (
+            "on: ops without an mps kernel run on the cpu" if expected == "1" else "off, as planned"
+        )
         checks.record(name, True, f"PYTORCH_ENABLE_MPS_FALLBACK={seen} ({state})")
     else:
-        checks.record(name, False, f"PYTORCH_ENABLE_MPS_FALLBACK is {seen!r}, the plan set "
-                      f"{expected!r}", "torch reads it once at import, so set it before the "
-                      "script starts: remove it from your shell (mpslaunch sets it) or set "
-                      "mps_fallback in the profile")
+        checks.record(
+            name,
+            False,
+            f"PYTORCH_ENABLE_MPS_FALLBACK is {seen!r}, the plan set {expected!r}",
+            "torch reads it once at import, so set it before the "
+            "script starts: remove it from your shell (mpslaunch sets it) or set "
+            "mps_fallback in the profile",
+        )
 
 
 def check_all_reduce(checks: Checks, name: str, torch, planned: str, expected_world: int) -> None:
@@ -259,8 +308,12 @@ def check_all_reduce(checks: Checks, name: str, torch, planned: str, expected_wo
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != expected_world:
-        checks.record(name, False, f"WORLD_SIZE is {world}, the plan says {expected_world}",
-                      "the processes were not started as planned; " + WHAT_TO_REPORT)
+        checks.record(
+            name,
+            False,
+            f"WORLD_SIZE is {world}, the plan says {expected_world}",
+            "the processes were not started as planned; " + WHAT_TO_REPORT,
+        )
         return
     backend = "nccl" if planned == "cuda" else "gloo"
     if not dist.is_initialized():  # Accelerator() has usually done it already
@@ -270,14 +323,20 @@ def check_all_reduce(checks: Checks, name: str, torch, planned: str, expected_wo
     dist.all_reduce(value)
     expected = world * (world + 1) / 2
     if value.item() == expected:
-        checks.record(name, True, f"{world} ranks summed to {value.item():g} over "
-                      f"{dist.get_backend()}")
+        checks.record(
+            name, True, f"{world} ranks summed to {value.item():g} over {dist.get_backend()}"
+        )
     else:
-        checks.record(name, False, f"{world} ranks summed to {value.item():g}, expected "
-                      f"{expected:g}", WHAT_TO_REPORT)
+        checks.record(
+            name,
+            False,
+            f"{world} ranks summed to {value.item():g}, expected {expected:g}",
+            WHAT_TO_REPORT,
+        )
 
 
 # ---- main ------------------------------------------------------------------------------------
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="mpslaunch's self-check (run by mpslaunch test)")
@@ -292,8 +351,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    checks = Checks(args.report_dir, int(os.environ.get("RANK", "0")),
-                    int(os.environ.get("WORLD_SIZE", "1")))
+    checks = Checks(
+        args.report_dir, int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    )
     start_watchdog(checks, args.timeout)
     warnings.simplefilter("ignore")  # the report is the output; library chatter is noise here
     import torch
@@ -302,8 +362,15 @@ def main(argv: list[str]) -> int:
     accelerator = run_check(checks, "device", check_device, torch, device)
     run_check(checks, "train step", check_train_step, torch, device)
     run_check(checks, "numbers", check_numbers, torch, device, args.expect_precision)
-    run_check(checks, "mixed precision", check_mixed_precision, torch, device,
-              args.expect_precision, accelerator)
+    run_check(
+        checks,
+        "mixed precision",
+        check_mixed_precision,
+        torch,
+        device,
+        args.expect_precision,
+        accelerator,
+    )
     if device == "mps":
         run_check(checks, "mps fallback", check_mps_fallback, args.expect_mps_fallback)
     if args.expect_world_size > 1:

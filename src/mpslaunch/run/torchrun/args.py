@@ -7,8 +7,8 @@ number of machines. One machine always uses a static rendezvous on 127.0.0.1.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from mpslaunch.machine import endpoint, loopback_interface
 from mpslaunch.plan import LaunchPlan
@@ -44,26 +44,44 @@ def rendezvous_for(plan: LaunchPlan, run_id: str) -> Rendezvous:
     port = settings.main_process_port or DEFAULT_PORT
     # c10d assigns the machines' ranks at the rendezvous.
     node_rank = settings.machine_rank if settings.rdzv_backend == "static" else None
-    return Rendezvous(settings.rdzv_backend, settings.main_process_ip, port, node_rank,
-                      SHARED_RUN_ID, local=False)
+    return Rendezvous(
+        settings.rdzv_backend, settings.main_process_ip, port, node_rank, SHARED_RUN_ID, local=False
+    )
 
 
-def arguments(plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = None,
-              log_dir: str | None = None) -> list[str]:
+def arguments(
+    plan: LaunchPlan,
+    rendezvous: Rendezvous,
+    port_text: str | None = None,
+    log_dir: str | None = None,
+) -> list[str]:
     """torch.distributed.run's command line (without `python -m torch.distributed.run`)."""
     port = port_text or str(rendezvous.port)
     args = [
-        "--nnodes", str(plan.settings.num_machines),
-        "--nproc-per-node", str(plan.settings.num_processes),
-        "--rdzv-backend", rendezvous.backend,
-        "--rdzv-id", rendezvous.run_id,
-        "--max-restarts", str(plan.settings.max_restarts),
-        "--monitor-interval", f"{plan.monitor_interval:g}" if plan.monitor_interval else MONITOR_INTERVAL,
+        "--nnodes",
+        str(plan.settings.num_machines),
+        "--nproc-per-node",
+        str(plan.settings.num_processes),
+        "--rdzv-backend",
+        rendezvous.backend,
+        "--rdzv-id",
+        rendezvous.run_id,
+        "--max-restarts",
+        str(plan.settings.max_restarts),
+        "--monitor-interval",
+        f"{plan.monitor_interval:g}" if plan.monitor_interval else MONITOR_INTERVAL,
     ]
     if rendezvous.backend == "static":
         # torch parses the address with the port: a bare IPv6 address needs its brackets.
         host = endpoint(rendezvous.address, port).rpartition(":")[0]
-        args += ["--node-rank", str(rendezvous.node_rank), "--master-addr", host, "--master-port", port]
+        args += [
+            "--node-rank",
+            str(rendezvous.node_rank),
+            "--master-addr",
+            host,
+            "--master-port",
+            port,
+        ]
     else:
         args += ["--rdzv-endpoint", endpoint(rendezvous.address, port)]
     if not rendezvous.local:  # each backend names its join timeout differently
@@ -89,8 +107,12 @@ def target_arguments(command: tuple[str, ...]) -> list[str]:
 # ---------------------------------------------------------------- environment
 
 
-def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapping[str, str],
-                         platform: str = sys.platform) -> dict[str, str]:
+def launcher_environment(
+    plan: LaunchPlan,
+    rendezvous: Rendezvous,
+    environ: Mapping[str, str],
+    platform: str = sys.platform,
+) -> dict[str, str]:
     """What every rank gets on top of the user's environment: plan.env and what this path adds."""
     env = dict(plan.env)
     if rendezvous.local:
@@ -102,8 +124,9 @@ def launcher_environment(plan: LaunchPlan, rendezvous: Rendezvous, environ: Mapp
     return env
 
 
-def rank_environments(plan: LaunchPlan, rendezvous: Rendezvous,
-                      port_text: str | None = None) -> list[dict[str, str]]:
+def rank_environments(
+    plan: LaunchPlan, rendezvous: Rendezvous, port_text: str | None = None
+) -> list[dict[str, str]]:
     """The variables torchrun gives each local rank on this machine (for --dry_run)."""
     world = plan.world_size
     static = rendezvous.backend == "static"
@@ -115,14 +138,18 @@ def rank_environments(plan: LaunchPlan, rendezvous: Rendezvous,
         else:
             rank = str(rendezvous.node_rank * processes + local_rank)
             group_rank = str(rendezvous.node_rank)
-        table.append({
-            "RANK": rank,
-            "LOCAL_RANK": str(local_rank),
-            "GROUP_RANK": group_rank,
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(processes),
-            # c10d: the store that the ranks share is on whichever machine got rank 0.
-            "MASTER_ADDR": rendezvous.address if static else "<set at rendezvous>",
-            "MASTER_PORT": (port_text or str(rendezvous.port)) if static else "<set at rendezvous>",
-        })
+        table.append(
+            {
+                "RANK": rank,
+                "LOCAL_RANK": str(local_rank),
+                "GROUP_RANK": group_rank,
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(processes),
+                # c10d: the store that the ranks share is on whichever machine got rank 0.
+                "MASTER_ADDR": rendezvous.address if static else "<set at rendezvous>",
+                "MASTER_PORT": (port_text or str(rendezvous.port))
+                if static
+                else "<set at rendezvous>",
+            }
+        )
     return table

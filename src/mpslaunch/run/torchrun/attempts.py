@@ -11,8 +11,8 @@ rank and code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from mpslaunch.run.torchrun.outcome import how_it_ended
 
@@ -46,8 +46,10 @@ class Attempts:
         else:
             code, local_rank = self.failure
             cause = f"rank {self.ranks.get(local_rank, '?')} {how_it_ended(code)}"
-        return (f"mpslaunch: {cause}; starting every rank again "
-                f"(restart {self.restarts} of {self.max_restarts})")
+        return (
+            f"mpslaunch: {cause}; starting every rank again "
+            f"(restart {self.restarts} of {self.max_restarts})"
+        )
 
     def counted(self) -> str:
         """For the final summary: '1 restart of --max_restarts 2'; '' without restarts."""

@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from mpslaunch.run.torch_internals import tails_in_pieces
 
@@ -38,7 +39,7 @@ class RankLines:
         if not match:
             self.target.write(text)
             return len(text)
-        prefix, body = match.group(0), text[match.end():]
+        prefix, body = match.group(0), text[match.end() :]
         with self.lock:
             lines, rest = split_lines(self.unfinished.pop(prefix, "") + body)
             if rest:
@@ -66,10 +67,10 @@ def split_lines(text: str) -> tuple[list[str], str]:
     A rest longer than MAX_HELD becomes lines of MAX_HELD characters, ended with a newline."""
     lines, start = [], 0
     for end in _LINE_END.finditer(text):  # a search for line ends only: linear in the text
-        lines.append(text[start:end.end()])
+        lines.append(text[start : end.end()])
         start = end.end()
     while len(text) - start > MAX_HELD:
-        lines.append(text[start:start + MAX_HELD] + "\n")
+        lines.append(text[start : start + MAX_HELD] + "\n")
         start += MAX_HELD
     return lines, text[start:]
 
@@ -78,7 +79,7 @@ def _one_prefix(prefix: str, line: str) -> str:
     """`[rankN] ` + the line, without torch's own `[rankN]:` (and its space) for the same rank."""
     torchs = prefix.rstrip() + ":"
     if line.startswith(torchs):
-        line = line[len(torchs):]
+        line = line[len(torchs) :]
         line = line[1:] if line.startswith(" ") else line
     return prefix + line
 

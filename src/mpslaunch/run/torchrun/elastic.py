@@ -17,28 +17,55 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Iterator, Mapping, Sequence
 
-from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.machine import endpoint
+from mpslaunch.output import MpslaunchError, error_line, one_line, shell_words
 from mpslaunch.plan import LaunchPlan
 from mpslaunch.run.companion import Watch, watching
 from mpslaunch.run.logdir import keep_failed, temporary_log_dir, usable_log_dir
-from mpslaunch.run.processes import (RUN_MARKER, adopt_orphans, child_pids, environment, exit_code,
-                                     new_run_id, rank_pids)
+from mpslaunch.run.processes import (
+    RUN_MARKER,
+    adopt_orphans,
+    child_pids,
+    environment,
+    exit_code,
+    new_run_id,
+    rank_pids,
+)
+from mpslaunch.run.torch_internals import (
+    Elastic,
+    bound_store,
+    c10d_ranks_share_the_rendezvous_store,
+    failures_logged,
+    graceful_stops,
+    missing,
+    torch_takes_no_signals,
+    tune,
+)
+from mpslaunch.run.torchrun.args import (
+    FREE_PORT,
+    LINE_PREFIX,
+    LINE_PREFIX_VARIABLE,
+    Rendezvous,
+    arguments,
+    launcher_environment,
+    rank_environments,
+    rendezvous_for,
+)
 from mpslaunch.run.torchrun.attempts import Attempts
-from mpslaunch.run.torchrun.gate import Gate, agreed_terms
 from mpslaunch.run.torchrun.console import whole_rank_lines
-from mpslaunch.run.torchrun.args import (FREE_PORT, LINE_PREFIX, LINE_PREFIX_VARIABLE, Rendezvous,
-                                     arguments, launcher_environment, rank_environments,
-                                     rendezvous_for)
-from mpslaunch.run.torchrun.outcome import (failure_summary, from_torch, largest_own_failure,
-                                            other_endings, stopped_ranks, stopped_summary)
+from mpslaunch.run.torchrun.gate import Gate, agreed_terms
+from mpslaunch.run.torchrun.outcome import (
+    failure_summary,
+    from_torch,
+    largest_own_failure,
+    other_endings,
+    stopped_ranks,
+    stopped_summary,
+)
 from mpslaunch.run.torchrun.signals import LauncherSignals, Stopped
-from mpslaunch.run.torch_internals import (Elastic, bound_store,
-                                          c10d_ranks_share_the_rendezvous_store, failures_logged,
-                                          graceful_stops, missing, torch_takes_no_signals, tune)
 
 
 class LaunchFailed(MpslaunchError):
@@ -61,14 +88,17 @@ def describe(plan: LaunchPlan) -> str:
         "torch.distributed.run (run inside the launcher process; the equivalent command):",
         f"  {LINE_PREFIX_VARIABLE}={shlex.quote(LINE_PREFIX)} "
         + shell_words([python, "-m", "torch.distributed.run", *argv]),
-        "  each rank runs: " + shell_words(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
+        "  each rank runs: "
+        + shell_words(plan.command if plan.no_python else [python, "-u", *plan.command[1:]]),
         *(f"  note: {note}" for note in _notes(plan, rendezvous)),
         "every rank also gets:",
         *(f"  {key}={one_line(value)}" for key, value in sorted(_added(plan, rendezvous).items())),
     ]
     for table in rank_environments(plan, rendezvous, port_text):
-        lines.append(f"local rank {table['LOCAL_RANK']}: "
-                     + " ".join(f"{key}={value}" for key, value in table.items()))
+        lines.append(
+            f"local rank {table['LOCAL_RANK']}: "
+            + " ".join(f"{key}={value}" for key, value in table.items())
+        )
     return "\n".join(lines)
 
 
@@ -76,20 +106,26 @@ def _store_listens_on(plan: LaunchPlan, rendezvous: Rendezvous) -> str:
     if plan.settings.main_process_ip_via_nat:
         return "every interface (--main_process_ip_via_nat)"
     if not bound_store(torch_version(), rendezvous.address):
-        return (f"every interface, on port {rendezvous.port} (on torch {torch_version()} the store "
-                "that listens on one address aborts when a machine's address has no name; other "
-                "releases listen on the address alone)")
+        return (
+            f"every interface, on port {rendezvous.port} (on torch {torch_version()} the store "
+            "that listens on one address aborts when a machine's address has no name; other "
+            "releases listen on the address alone)"
+        )
     return f"{endpoint(rendezvous.address, rendezvous.port)} only"
 
 
 def _c10d_store(version: str) -> str:
     """What serves the ranks' store with c10d, on this torch (torch_internals)."""
     if c10d_ranks_share_the_rendezvous_store(version):
-        return (f"with c10d, torch {version}'s agent gives the ranks the rendezvous store itself "
-                "(nothing else listens for them)")
-    return ("with c10d, the machine that gets rank 0 at the rendezvous also serves a store for "
-            "the ranks (torch's agent, or rank 0 before torch 2.5), on every interface, on a "
-            "port torch picks; --rdzv_backend static keeps the ranks on the rendezvous store")
+        return (
+            f"with c10d, torch {version}'s agent gives the ranks the rendezvous store itself "
+            "(nothing else listens for them)"
+        )
+    return (
+        "with c10d, the machine that gets rank 0 at the rendezvous also serves a store for "
+        "the ranks (torch's agent, or rank 0 before torch 2.5), on every interface, on a "
+        "port torch picks; --rdzv_backend static keeps the ranks on the rendezvous store"
+    )
 
 
 def torch_version() -> str:
@@ -106,22 +142,30 @@ def _added(plan: LaunchPlan, rendezvous: Rendezvous) -> dict[str, str]:
 
 def _notes(plan: LaunchPlan, rendezvous: Rendezvous) -> list[str]:
     if rendezvous.local:
-        notes = ["the rendezvous store listens on 127.0.0.1 only (torchrun itself would listen on "
-                 "every interface)"]
+        notes = [
+            "the rendezvous store listens on 127.0.0.1 only (torchrun itself would listen on "
+            "every interface)"
+        ]
         if plan.settings.rdzv_backend != "static":
-            notes.append(f"rdzv_backend {plan.settings.rdzv_backend} is for several machines; "
-                         "one machine uses a static rendezvous")
+            notes.append(
+                f"rdzv_backend {plan.settings.rdzv_backend} is for several machines; "
+                "one machine uses a static rendezvous"
+            )
         return notes
     notes = []
     if plan.settings.main_process_port == 0:
         notes.append(f"port 0 cannot be agreed between machines: using {rendezvous.port}")
     if plan.settings.machine_rank == 0:
-        notes.append(f"this machine (machine 0) serves the rendezvous store, on "
-                     f"{_store_listens_on(plan, rendezvous)}")
+        notes.append(
+            f"this machine (machine 0) serves the rendezvous store, on "
+            f"{_store_listens_on(plan, rendezvous)}"
+        )
     if rendezvous.backend == "c10d":
         notes.append(_c10d_store(torch_version()))
-    notes.append(f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
-                 "(--rdzv_timeout); Ctrl-C stops the wait")
+    notes.append(
+        f"each machine waits for the others for up to {plan.settings.rdzv_timeout} s "
+        "(--rdzv_timeout); Ctrl-C stops the wait"
+    )
     return notes
 
 
@@ -146,17 +190,23 @@ def _run(plan: LaunchPlan, run_id: str, report: bool, held: Sequence[int]) -> in
     env = {**launcher_environment(plan, rendezvous, os.environ), RUN_MARKER: run_id}
     _line_buffered(sys.stdout)
     grace_seconds = plan.grace_period
-    with LauncherSignals(grace_seconds, run_id, _say if report else None,
-                         plan.delivers_signals) as signals, \
-            adopt_orphans(), _LogFolder(plan.log_dir) as logs:
+    with (
+        LauncherSignals(
+            grace_seconds, run_id, _say if report else None, plan.delivers_signals
+        ) as signals,
+        adopt_orphans(),
+        _LogFolder(plan.log_dir) as logs,
+    ):
         for signum in held:
             signals.watcher.stop(signum)
         try:
             code = _launch(plan, rendezvous, env, logs, grace_seconds, signals)
         except Stopped as stop:  # the supervisor's first stopping signal: the code and the words
             code = 128 + stop.signum
-            _say(stop.summary or stopped_summary(stop.signum, signals.watcher.killed_at,
-                                                 signals.ranks_started))
+            _say(
+                stop.summary
+                or stopped_summary(stop.signum, signals.watcher.killed_at, signals.ranks_started)
+            )
         finally:
             signals.quiet()
             signals.watcher.clean_up(started, callers_children)
@@ -166,23 +216,42 @@ def _run(plan: LaunchPlan, run_id: str, report: bool, held: Sequence[int]) -> in
     return code
 
 
-def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], logs: "_LogFolder",
-            grace_seconds: float, signals: LauncherSignals) -> int:
+def _launch(
+    plan: LaunchPlan,
+    rendezvous: Rendezvous,
+    env: Mapping[str, str],
+    logs: _LogFolder,
+    grace_seconds: float,
+    signals: LauncherSignals,
+) -> int:
     signals.check()  # a stop before the run's handlers: no torch, no ranks
     _check_torch_distributed()
     signals.check()  # a stop that came while torch was imported
-    with _quiet_torch_logs(), environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
-            _store(plan, rendezvous) as (port, store):
+    with (
+        _quiet_torch_logs(),
+        environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}),
+        _store(plan, rendezvous) as (port, store),
+    ):
         if not rendezvous.local:
             with signals.interruptible():
-                Gate(plan.settings.machine_rank, plan.settings.num_machines, rendezvous.address,
-                     port, plan.settings.rdzv_timeout, _say,
-                     agreed_terms(plan.device, plan.settings.mixed_precision,
-                                  plan.settings.num_processes,
-                                  plan.settings.num_machines)).wait(store)
+                Gate(
+                    plan.settings.machine_rank,
+                    plan.settings.num_machines,
+                    rendezvous.address,
+                    port,
+                    plan.settings.rdzv_timeout,
+                    _say,
+                    agreed_terms(
+                        plan.device,
+                        plan.settings.mixed_precision,
+                        plan.settings.num_processes,
+                        plan.settings.num_machines,
+                    ),
+                ).wait(store)
         elastic = Elastic()  # inside: on macOS its import warns about fd redirects we never use
         args, config, entrypoint, entry_args = elastic.config(
-            arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX)
+            arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX
+        )
         tune(config, grace_seconds)
         attempts = Attempts(plan.settings.max_restarts, _say)
 
@@ -194,9 +263,13 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
         for line in missing():
             _say(f"mpslaunch: note: {line}")
         try:
-            with whole_rank_lines(), failures_logged(attempts.failed), \
-                    graceful_stops(grace_seconds, signals) as stops, torch_takes_no_signals(), \
-                    signals.interruptible():
+            with (
+                whole_rank_lines(),
+                failures_logged(attempts.failed),
+                graceful_stops(grace_seconds, signals) as stops,
+                torch_takes_no_signals(),
+                signals.interruptible(),
+            ):
                 elastic.launch(config, entrypoint)(*entry_args)
             signals.check()
         except elastic.ChildFailedError as failed:
@@ -210,18 +283,25 @@ def _launch(plan: LaunchPlan, rendezvous: Rendezvous, env: Mapping[str, str], lo
                 first = failed.failures[rank]
             failure = from_torch(rank, first, logs.path, rendezvous.run_id)
             logs.keep = True  # the summary points into it
-            others = other_endings(failure, failed.failures, plan.settings.num_processes,
-                                    stops.stopped)
+            others = other_endings(
+                failure, failed.failures, plan.settings.num_processes, stops.stopped
+            )
             stopped = stopped_ranks(failure, stops.stopped) if stops.followed else None
-            summary = failure_summary(failure, others, stopped, grace_seconds,
-                                      fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")),
-                                      largest=in_slurm)
+            summary = failure_summary(
+                failure,
+                others,
+                stopped,
+                grace_seconds,
+                fault_handler=bool(os.environ.get("PYTHONFAULTHANDLER")),
+                largest=in_slurm,
+            )
             _say("; ".join(filter(None, [summary, attempts.counted()])))
             return exit_code(failure.exitcode)
         except Exception as error:  # rendezvous timeouts, unreachable machine 0, ...
             signals.check()
-            raise LaunchFailed(f"torch.distributed.run failed before the ranks finished: "
-                               f"{error_line(error)}") from None
+            raise LaunchFailed(
+                f"torch.distributed.run failed before the ranks finished: {error_line(error)}"
+            ) from None
     if attempts.restarts:
         _say(f"mpslaunch: every rank finished, after {attempts.counted()}")
     return 0
@@ -238,24 +318,31 @@ def run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> 
         return _run_function(plan, function, args, start_method)
     except Stopped as stop:
         signal.raise_signal(stop.signum)
-        raise MpslaunchError(f"the processes were stopped by {stop} before they "
-                             "finished") from None
+        raise MpslaunchError(f"the processes were stopped by {stop} before they finished") from None
 
 
 def _run_function(plan: LaunchPlan, function, args: tuple, start_method: str) -> dict[int, object]:
     rendezvous = _new_rendezvous(plan)
     env = launcher_environment(plan, rendezvous, os.environ)
-    with LauncherSignals(plan.grace_period, new_run_id()) as signals, \
-            environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}), \
-            _store(plan, rendezvous) as (port, _), _LogFolder(plan.log_dir) as logs:
+    with (
+        LauncherSignals(plan.grace_period, new_run_id()) as signals,
+        environment({**env, LINE_PREFIX_VARIABLE: LINE_PREFIX}),
+        _store(plan, rendezvous) as (port, _),
+        _LogFolder(plan.log_dir) as logs,
+    ):
         elastic = Elastic()
-        _, config, _, _ = elastic.config(arguments(plan, rendezvous, str(port), logs.path),
-                                         LINE_PREFIX)
+        _, config, _, _ = elastic.config(
+            arguments(plan, rendezvous, str(port), logs.path), LINE_PREFIX
+        )
         config.start_method = start_method
         in_ranks = signals.forked(function) if start_method == "fork" else function
         try:
-            with whole_rank_lines(), graceful_stops(plan.grace_period, signals), \
-                    torch_takes_no_signals(), signals.interruptible():
+            with (
+                whole_rank_lines(),
+                graceful_stops(plan.grace_period, signals),
+                torch_takes_no_signals(),
+                signals.interruptible(),
+            ):
                 results = elastic.launch(config, in_ranks)(*args)
             signals.check()
         except Exception:
@@ -274,11 +361,15 @@ def _check_torch_distributed() -> None:
     try:
         import torch.distributed
     except ImportError:
-        raise MpslaunchError(f"several processes run through torch.distributed.run, and torch is "
-                             f"not installed for {sys.executable}; run `pip install torch`") from None
+        raise MpslaunchError(
+            f"several processes run through torch.distributed.run, and torch is "
+            f"not installed for {sys.executable}; run `pip install torch`"
+        ) from None
     if not torch.distributed.is_available():
-        raise MpslaunchError(f"this torch build ({torch.__version__}) has no torch.distributed, "
-                             "so it cannot run several processes; install an official torch wheel")
+        raise MpslaunchError(
+            f"this torch build ({torch.__version__}) has no torch.distributed, "
+            "so it cannot run several processes; install an official torch wheel"
+        )
 
 
 def _store(plan: LaunchPlan, rendezvous: Rendezvous):
@@ -304,8 +395,11 @@ def _quiet_torch_logs() -> Iterator[None]:
     if "LOGLEVEL" in os.environ:  # torchrun's own knob: the user wants torch's log
         yield
         return
-    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-               if name == "torch.distributed" or name.startswith("torch.distributed.")]
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name == "torch.distributed" or name.startswith("torch.distributed.")
+    ]
     saved = {logger: logger.handlers for logger in loggers if logger.handlers}
     for logger in saved:
         logger.handlers = [logging.NullHandler()]
@@ -324,9 +418,8 @@ class _LogFolder:
         self.path = ""
         self.keep = False
 
-    def __enter__(self) -> "_LogFolder":
-        self.path = (str(usable_log_dir(self.given)) if self.given
-                     else temporary_log_dir())
+    def __enter__(self) -> _LogFolder:
+        self.path = str(usable_log_dir(self.given)) if self.given else temporary_log_dir()
         return self
 
     def __exit__(self, *_exc) -> None:

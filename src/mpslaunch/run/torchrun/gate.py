@@ -24,11 +24,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
-from mpslaunch.output import MpslaunchError
 from mpslaunch.machine import endpoint
+from mpslaunch.output import MpslaunchError
 from mpslaunch.run.processes import new_run_id
 from mpslaunch.run.torch_internals import connect_store
 from mpslaunch.run.torchrun.signals import Stopped
@@ -42,8 +42,10 @@ NOTE_AFTER = (5.0, 30.0)  # the first "still waiting" line, then one this often 
 # Past --rdzv_timeout, a store call that has not returned is taken as never returning (the thread
 # making it gives up by itself within about a second of the timeout otherwise).
 ANSWER_SECONDS = 1.5
-CHECK_THE_PORT = ("machine 0's launcher serves the rendezvous on --main_process_port: check the "
-                  "port, another program may be using it")
+CHECK_THE_PORT = (
+    "machine 0's launcher serves the rendezvous on --main_process_port: check the "
+    "port, another program may be using it"
+)
 
 
 class NotJoined(MpslaunchError):
@@ -55,8 +57,16 @@ class NotJoined(MpslaunchError):
 class Gate:
     """One wait for the machines of a run, from machine `rank`'s side."""
 
-    def __init__(self, rank: int, machines: int, address: str, port: int, timeout: float,
-                 say: Callable[[str], None], terms: dict[str, str] | None = None):
+    def __init__(
+        self,
+        rank: int,
+        machines: int,
+        address: str,
+        port: int,
+        timeout: float,
+        say: Callable[[str], None],
+        terms: dict[str, str] | None = None,
+    ):
         self.terms = terms or {}
         self.rank, self.machines, self.where = rank, machines, endpoint(address, port)
         self.address, self.port = address, port
@@ -70,15 +80,20 @@ class Gate:
 
     def wait(self, store=None) -> None:
         """Check in and wait for the others; `store`: machine 0's own, None to connect to it."""
-        threading.Thread(target=self._meet, args=(store,), name="mpslaunch-gate", daemon=True).start()
+        threading.Thread(
+            target=self._meet, args=(store,), name="mpslaunch-gate", daemon=True
+        ).start()
         try:
             while not self.done.wait(POLL_SECONDS):  # the main thread stays free for signals
                 if self._left() < -ANSWER_SECONDS:
                     raise NotJoined(self._unanswered())
         except Stopped as stop:
-            raise Stopped(stop.signum, f"mpslaunch: stopped by {stop} while waiting for the "
-                                       f"other machines: {self._who()} (exit code "
-                                       f"{128 + stop.signum})") from None
+            raise Stopped(
+                stop.signum,
+                f"mpslaunch: stopped by {stop} while waiting for the "
+                f"other machines: {self._who()} (exit code "
+                f"{128 + stop.signum})",
+            ) from None
         finally:
             self.stderr.close()  # a call left behind neither says nor drops anything from now on
         if self.failure is not None:
@@ -95,8 +110,10 @@ class Gate:
         except _Abandoned:
             pass
         except RuntimeError as error:  # torch's store errors: machine 0 went away meanwhile
-            self.failure = NotJoined(f"lost machine 0's store at {self.where} while waiting "
-                                     f"({type(error).__name__}); check that machine 0 still runs")
+            self.failure = NotJoined(
+                f"lost machine 0's store at {self.where} while waiting "
+                f"({type(error).__name__}); check that machine 0 still runs"
+            )
         except BaseException as error:  # noqa: BLE001 (handed to the main thread, which raises it)
             self.failure = error
         finally:
@@ -112,15 +129,19 @@ class Gate:
             raise MpslaunchError(
                 f"machine rank {self.rank} is taken: another launcher ({holder.rpartition(', ')[0]}) "
                 f"joined {self.where} as machine {self.rank}; give each machine its own "
-                f"--machine_rank, from 0 to {self.machines - 1}")
+                f"--machine_rank, from 0 to {self.machines - 1}"
+            )
         with self.stderr.dropped():
             store.set(f"{PLANNED}{self.rank}", json.dumps(self.terms))
 
     def _plans(self, store) -> dict[int, dict[str, str]]:
         """The plans the machines that have joined so far left, by machine rank."""
         with self.stderr.dropped():
-            return {rank: json.loads(store.get(f"{PLANNED}{rank}")) for rank in range(self.machines)
-                    if store.check([f"{PLANNED}{rank}"])}
+            return {
+                rank: json.loads(store.get(f"{PLANNED}{rank}"))
+                for rank in range(self.machines)
+                if store.check([f"{PLANNED}{rank}"])
+            }
 
     def _refuse(self, store, problem: str, plans: dict[int, dict[str, str]]) -> None:
         """Say `problem` on this machine; machine 0, whose store the others read, waits (briefly)
@@ -144,11 +165,15 @@ class Gate:
                 try:
                     return connect_store(self.address, self.port, max(self._left(), 1.0))
                 except RuntimeError as error:  # it closed the connection: not a store, or not yet
-                    problem = f"its port answers, but not as a rendezvous store: {type(error).__name__}"
+                    problem = (
+                        f"its port answers, but not as a rendezvous store: {type(error).__name__}"
+                    )
             self._give_up_if_late()
-            self._say(f"mpslaunch: machine 0 at {self.where} cannot be reached yet ({problem}); "
-                      f"trying again in {pause:g} s ({self._elapsed()} of --rdzv_timeout "
-                      f"{self.timeout:g} s)")
+            self._say(
+                f"mpslaunch: machine 0 at {self.where} cannot be reached yet ({problem}); "
+                f"trying again in {pause:g} s ({self._elapsed()} of --rdzv_timeout "
+                f"{self.timeout:g} s)"
+            )
             time.sleep(max(min(pause, self._left()), 0))
             pause = min(pause * 2, NOTE_AFTER[1])
 
@@ -156,8 +181,9 @@ class Gate:
         next_note = self.started + NOTE_AFTER[0]
         while True:
             with self.stderr.dropped():
-                self.missing = [rank for rank in range(self.machines)
-                                if not store.check([f"{JOINED}{rank}"])]
+                self.missing = [
+                    rank for rank in range(self.machines) if not store.check([f"{JOINED}{rank}"])
+                ]
             plans = self._plans(store)
             problem = plan_difference(plans)
             if problem:
@@ -166,8 +192,10 @@ class Gate:
                 return
             self._give_up_if_late()
             if time.monotonic() >= next_note:
-                self._say(f"mpslaunch: waiting for {_machines(self.missing)} to join at "
-                         f"{self.where} ({self._elapsed()} of --rdzv_timeout {self.timeout:g} s)")
+                self._say(
+                    f"mpslaunch: waiting for {_machines(self.missing)} to join at "
+                    f"{self.where} ({self._elapsed()} of --rdzv_timeout {self.timeout:g} s)"
+                )
                 next_note = time.monotonic() + NOTE_AFTER[1]
             time.sleep(POLL_SECONDS)
 
@@ -186,17 +214,23 @@ class Gate:
     def _unanswered(self) -> str:
         """Why the gate's thread is still in a store call past --rdzv_timeout."""
         if self.stage == "handshake":
-            return (f"something answers at {self.where}, but not as a rendezvous store (no answer "
-                    f"to the store's handshake within --rdzv_timeout {self.timeout:g} s); "
-                    + CHECK_THE_PORT)
-        return (f"machine 0's store at {self.where} stopped answering (--rdzv_timeout "
-                f"{self.timeout:g} s); check that machine 0 still runs")
+            return (
+                f"something answers at {self.where}, but not as a rendezvous store (no answer "
+                f"to the store's handshake within --rdzv_timeout {self.timeout:g} s); "
+                + CHECK_THE_PORT
+            )
+        return (
+            f"machine 0's store at {self.where} stopped answering (--rdzv_timeout "
+            f"{self.timeout:g} s); check that machine 0 still runs"
+        )
 
     def _give_up_if_late(self) -> None:
         if self._left() <= 0:
-            raise NotJoined(f"{self._who()} after {self.timeout:g} s (--rdzv_timeout); start "
-                            "every machine with the same --main_process_ip and "
-                            "--main_process_port, or give them longer with --rdzv_timeout")
+            raise NotJoined(
+                f"{self._who()} after {self.timeout:g} s (--rdzv_timeout); start "
+                "every machine with the same --main_process_ip and "
+                "--main_process_port, or give them longer with --rdzv_timeout"
+            )
 
     def _left(self) -> float:
         return self.started + self.timeout - time.monotonic()
@@ -205,21 +239,31 @@ class Gate:
         return f"{time.monotonic() - self.started:.0f} s"
 
 
-def agreed_terms(device: str, mixed_precision: str, processes: int, machines: int) -> dict[str, str]:
+def agreed_terms(
+    device: str, mixed_precision: str, processes: int, machines: int
+) -> dict[str, str]:
     """What every machine of a run must plan alike (docs/several-machines.md)."""
-    return {"device": device, "mixed precision": mixed_precision,
-            "processes per machine": str(processes), "machines": str(machines)}
+    return {
+        "device": device,
+        "mixed precision": mixed_precision,
+        "processes per machine": str(processes),
+        "machines": str(machines),
+    }
 
 
 def plan_difference(plans: dict[int, dict[str, str]]) -> str | None:
     """The first way a machine's plan differs from machine 0's, as a one-line refusal."""
     main = plans.get(0)
-    for rank, plan in sorted(plans.items()) if main else ():
+    if not main:
+        return None
+    for rank, plan in sorted(plans.items()):
         for term, value in main.items():
             if plan.get(term) != value:
-                return (f"the machines' plans differ: machine {rank} plans {term} {plan.get(term)}, "
-                        f"machine 0 plans {value}; give every machine the same device, "
-                        "--mixed_precision, --num_processes and --num_machines")
+                return (
+                    f"the machines' plans differ: machine {rank} plans {term} {plan.get(term)}, "
+                    f"machine 0 plans {value}; give every machine the same device, "
+                    "--mixed_precision, --num_processes and --num_machines"
+                )
     return None
 
 
@@ -233,7 +277,7 @@ class _NativeStderr:
     instead. Only the launcher writes at this point (no rank has started). `close()` (the main
     thread, done waiting) gives it back at once, even while a call it left behind still runs."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.saved: int | None = None  # the real descriptor 2, while dropped
         self.closed = False
@@ -275,7 +319,7 @@ def _reachable(address: str, port: int, seconds: float) -> str | None:
     try:
         with socket.create_connection((address, port), timeout=max(seconds, 0.1)):
             return None
-    except socket.timeout:
+    except TimeoutError:
         return "no answer"
     except OSError as error:
         return (error.strerror or str(error)).lower()

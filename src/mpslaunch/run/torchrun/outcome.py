@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from mpslaunch.run.processes import exit_code
 from mpslaunch.run.summary import crash_meaning
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,22 +36,28 @@ class RankFailure:
 
 def from_torch(rank: int, failure, log_root: str, run_id: str) -> RankFailure:
     folder = rank_log_folder(log_root, run_id, failure.local_rank)
-    return RankFailure(rank, failure.local_rank, failure.pid, failure.exitcode,
-                       str(folder) if folder else None)
+    return RankFailure(
+        rank, failure.local_rank, failure.pid, failure.exitcode, str(folder) if folder else None
+    )
 
 
-def largest_own_failure(failures: Mapping[int, object], stopped: Mapping[int, int]) -> int:
+def largest_own_failure(failures: Mapping[int, Any], stopped: Mapping[int, int]) -> int:
     """The rank, among those that failed by themselves (not one the launcher stopped: local
     ranks in `stopped`), with the largest exit code: in a SLURM step srun reports its tasks'
     largest code, so each node reports its ranks' largest, and the script's own code is what a
     failure on any node gives srun, whichever failed first (torch times failures in seconds)."""
-    own = {rank: failure for rank, failure in failures.items()
-           if failure.local_rank not in stopped} or failures
+    own = {
+        rank: failure for rank, failure in failures.items() if failure.local_rank not in stopped
+    } or failures
     return max(own, key=lambda rank: (exit_code(own[rank].exitcode), -rank))
 
 
-def other_endings(first: RankFailure, failures: Mapping[int, object], local_ranks: int,
-                  stopped: Mapping[int, int] | None = None) -> dict[int, int]:
+def other_endings(
+    first: RankFailure,
+    failures: Mapping[int, Any],
+    local_ranks: int,
+    stopped: Mapping[int, int] | None = None,
+) -> dict[int, int]:
     """How this machine's other ranks ended: a rank the launcher stopped as the stop recorded it
     (`stopped`: local rank -> exit code); another as torch reported it (torch before 2.10 reports
     only the ranks that failed before the stop); a rank in neither exited 0."""
@@ -99,8 +109,10 @@ def how_it_ended(exitcode: int) -> str:
             name = f"signal {-exitcode}"
         return f"was killed by {name} (exit code {exit_code(exitcode)})"
     if stopped_on_request(exitcode):
-        return (f"exited with code {exitcode}, "
-                f"as a script does that stops on {signal.Signals(exitcode - 128).name}")
+        return (
+            f"exited with code {exitcode}, "
+            f"as a script does that stops on {signal.Signals(exitcode - 128).name}"
+        )
     return f"exited with code {exitcode}"
 
 
@@ -128,13 +140,18 @@ def aborted_at_exit(failure: RankFailure) -> bool:
         return False
     dumps = [index for index, line in enumerate(tail) if line.strip() == FAULT_HANDLER_ABORT]
     if dumps:
-        tail = tail[:dumps[-1]]
+        tail = tail[: dumps[-1]]
     return bool(tail) and tail[-1].strip() == EXIT_ABORT_LINE
 
 
-def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = None,
-                    stopped: set[int] | None = None, grace_seconds: float | None = None,
-                    fault_handler: bool = False, largest: bool = False) -> str:
+def failure_summary(
+    failure: RankFailure,
+    others: Mapping[int, int] | None = None,
+    stopped: set[int] | None = None,
+    grace_seconds: float | None = None,
+    fault_handler: bool = False,
+    largest: bool = False,
+) -> str:
     """`others`: how this machine's other ranks ended, rank -> exit code (Popen's convention);
     `stopped`: which of them the launcher stopped (None: not known, judged by their codes);
     `fault_handler`: the ranks ran with PYTHONFAULTHANDLER on, so a crash printed their stack;
@@ -143,17 +160,21 @@ def failure_summary(failure: RankFailure, others: Mapping[int, int] | None = Non
     ended += " with the largest code" if largest else " first"
     how = how_it_ended(failure.exitcode)
     if aborted_at_exit(failure):
-        how = (f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
-               f"{exit_code(failure.exitcode)}, \"{EXIT_ABORT_LINE}\"): a known torch problem "
-               f"with gloo, {EXIT_ABORT_ISSUE}")
+        how = (
+            f"aborted in torch's exit after the script had returned (SIGABRT, exit code "
+            f'{exit_code(failure.exitcode)}, "{EXIT_ABORT_LINE}"): a known torch problem '
+            f"with gloo, {EXIT_ABORT_ISSUE}"
+        )
     elif crash_meaning(failure.exitcode, fault_handler):
         how += f": {crash_meaning(failure.exitcode, fault_handler)}"
     text = f"mpslaunch: rank {failure.rank} {ended}: it {how}"
     folder = Path(failure.log_folder) if failure.log_folder else None
     if folder and disk_full(folder / "stderr.log"):
-        text += (f"; the disk holding its log folder {folder} is full, so its output (any "
-                 "traceback too) could not be written: free some space or choose another "
-                 "--log_dir")
+        text += (
+            f"; the disk holding its log folder {folder} is full, so its output (any "
+            "traceback too) could not be written: free some space or choose another "
+            "--log_dir"
+        )
     elif folder and (folder / "stderr.log").is_file():
         text += f"; its stderr (with any traceback) is in {folder / 'stderr.log'}"
     if folder and (folder / "error.json").is_file():  # written by scripts that use torch's @record
@@ -179,28 +200,38 @@ def disk_full(log: Path) -> bool:
 _STOPPED_BY_THE_AGENT = (-signal.SIGTERM, -signal.SIGKILL)
 
 
-def _the_others(others: Mapping[int, int], stopped_by_us: set[int] | None,
-                grace_seconds: float | None) -> list[str]:
+def _the_others(
+    others: Mapping[int, int], stopped_by_us: set[int] | None, grace_seconds: float | None
+) -> list[str]:
     """Which of the other ranks also failed, which were stopped (or killed when the grace
     period ended), which had exited 0."""
+
     def was_stopped(rank: int, code: int) -> bool:
         if stopped_by_us is not None and rank not in stopped_by_us:
             return False  # it had ended by itself before the others were stopped
         return code in _STOPPED_BY_THE_AGENT or stopped_on_request(code)
 
     ordered = sorted(others.items())
-    killed = [rank for rank, code in ordered if stopped_by_us is not None
-              and rank in stopped_by_us and code == -signal.SIGKILL]
+    killed = [
+        rank
+        for rank, code in ordered
+        if stopped_by_us is not None and rank in stopped_by_us and code == -signal.SIGKILL
+    ]
     stopped = [rank for rank, code in ordered if was_stopped(rank, code) and rank not in killed]
     exited = [rank for rank, code in ordered if code == 0]
-    parts = [f"rank {rank} also failed: it {how_it_ended(code)}" for rank, code in ordered
-             if rank not in stopped and rank not in killed and code != 0]
+    parts = [
+        f"rank {rank} also failed: it {how_it_ended(code)}"
+        for rank, code in ordered
+        if rank not in stopped and rank not in killed and code != 0
+    ]
     if stopped:
         parts.append(f"{_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped")
     if killed:
         within = f" within --grace_period {grace_seconds:g} s" if grace_seconds is not None else ""
-        parts.append(f"{_ranks(killed)} did not stop{within} and "
-                     f"{'was' if len(killed) == 1 else 'were'} killed (SIGKILL)")
+        parts.append(
+            f"{_ranks(killed)} did not stop{within} and "
+            f"{'was' if len(killed) == 1 else 'were'} killed (SIGKILL)"
+        )
     if exited:
         parts.append(f"{_ranks(exited)} exited with code 0")
     return parts
@@ -223,6 +254,8 @@ def stopped_summary(signum: int, killed_at: int | None = None, ranks_started: bo
         how = "; some ranks did not stop in time (--grace_period) and were killed"
     else:
         came = "came again" if killed_at == signum else "came"
-        how = (f"; {signal.Signals(killed_at).name} {came} while the ranks were stopping, so "
-               "those still running were killed")
+        how = (
+            f"; {signal.Signals(killed_at).name} {came} while the ranks were stopping, so "
+            "those still running were killed"
+        )
     return f"mpslaunch: stopped by {name}{how} (exit code {128 + signum})"

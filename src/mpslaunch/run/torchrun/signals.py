@@ -49,11 +49,21 @@ class LauncherSignals:
     """The run's handlers and its supervisor (`watcher`); `quiet()` once the ranks are gone.
     `say`: where the line at the first stop goes (None: --quiet)."""
 
-    def __init__(self, grace_seconds: float, run_id: str, say: Callable[[str], None] | None = None,
-                 delivered: bool = False):
-        self.watcher = Supervisor(run_id, grace_seconds, lambda: rank_pids(run_id),
-                                  forwards_stops=False, announce=self._announce if say else None,
-                                  delivered=delivered)
+    def __init__(
+        self,
+        grace_seconds: float,
+        run_id: str,
+        say: Callable[[str], None] | None = None,
+        delivered: bool = False,
+    ):
+        self.watcher = Supervisor(
+            run_id,
+            grace_seconds,
+            lambda: rank_pids(run_id),
+            forwards_stops=False,
+            announce=self._announce if say else None,
+            delivered=delivered,
+        )
         self.say = say
         self.inside = False  # in an interruptible() region
         self.starting = False  # torch is starting an attempt's ranks
@@ -64,10 +74,15 @@ class LauncherSignals:
         self.context = ExitStack()
 
     def __enter__(self) -> LauncherSignals:
-        self.context.enter_context(self.watcher.handling({
-            **dict.fromkeys(STOPPING_SIGNALS, self._stop),
-            **dict.fromkeys(PASSED_ON, self.watcher.forward),
-            **dict.fromkeys(JOB_CONTROL, self.watcher.job_control)}))
+        self.context.enter_context(
+            self.watcher.handling(
+                {
+                    **dict.fromkeys(STOPPING_SIGNALS, self._stop),
+                    **dict.fromkeys(PASSED_ON, self.watcher.forward),
+                    **dict.fromkeys(JOB_CONTROL, self.watcher.job_control),
+                }
+            )
+        )
         self.context.enter_context(self.watcher.counting_every_signal())
         return self
 
@@ -126,10 +141,14 @@ class LauncherSignals:
         return self.watcher.death_signal(default)
 
     def _announce(self, signum: int) -> None:
+        if self.say is None:  # the supervisor announces only where there is a say
+            return
         how = "sent to every rank by SLURM" if self.watcher.delivered else "passed on to every rank"
-        self.say(f"mpslaunch: {signal.Signals(signum).name} {how}; they have "
-                 f"{self.watcher.grace_seconds:g} s to stop (--grace_period) before they are "
-                 "killed; Ctrl-C again kills them now")
+        self.say(
+            f"mpslaunch: {signal.Signals(signum).name} {how}; they have "
+            f"{self.watcher.grace_seconds:g} s to stop (--grace_period) before they are "
+            "killed; Ctrl-C again kills them now"
+        )
 
     # ---------------------------------------------------------------- function ranks
 
@@ -142,7 +161,9 @@ class _ForkedRank:
     def __init__(self, function, watcher: Supervisor):
         self.function, self.watcher = function, watcher
         self.__name__ = getattr(function, "__name__", type(function).__name__)
-        self.__qualname__ = getattr(function, "__qualname__", self.__name__)  # torch names ranks by it
+        self.__qualname__ = getattr(
+            function, "__qualname__", self.__name__
+        )  # torch names ranks by it
 
     def __call__(self, *args):
         self.watcher.forget_in_child()

@@ -13,11 +13,11 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.machine import endpoint
+from mpslaunch.output import MpslaunchError, error_line
 from mpslaunch.run.torch_internals import bound_store, serve_store
 
 EVERY_INTERFACE = ""  # for store_on's `listen`: what torchrun's own store does
@@ -42,8 +42,9 @@ def store_on(address: str, port: int, listen: str | None = None) -> Iterator[tup
             listener.close()  # the port is free and checked: torch's store listens on it itself
         store = serve_store(own, chosen, given)
     except (RuntimeError, ValueError) as error:
-        raise MpslaunchError(f"cannot start the rendezvous store on {endpoint(address, chosen)}: "
-                             f"{error_line(error)}") from None
+        raise MpslaunchError(
+            f"cannot start the rendezvous store on {endpoint(address, chosen)}: {error_line(error)}"
+        ) from None
     finally:
         listener.close()
     try:
@@ -64,22 +65,30 @@ def _listen(address: str, port: int) -> socket.socket:
     except OSError as error:
         listener.close()
         if error.errno == errno.EADDRNOTAVAIL:
-            raise MpslaunchError(f"cannot listen on {address}: it is not an address of this "
-                                 "machine; give one of its own as --main_process_ip, or add "
-                                 "--main_process_ip_via_nat") from None
+            raise MpslaunchError(
+                f"cannot listen on {address}: it is not an address of this "
+                "machine; give one of its own as --main_process_ip, or add "
+                "--main_process_ip_via_nat"
+            ) from None
         raise MpslaunchError(
             f"cannot listen on {endpoint(address, port)} for the rendezvous ({error.strerror}); "
-            "use --main_process_port 0 to pick a free port, or another port") from None
+            "use --main_process_port 0 to pick a free port, or another port"
+        ) from None
     return listener
 
 
 def _bind_target(address: str, port: int) -> tuple[int, tuple]:
     if address == EVERY_INTERFACE:
-        return (socket.AF_INET6, ("::", port)) if socket.has_dualstack_ipv6() \
+        return (
+            (socket.AF_INET6, ("::", port))
+            if socket.has_dualstack_ipv6()
             else (socket.AF_INET, ("0.0.0.0", port))
+        )
     try:
         family, _, _, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as error:
-        raise MpslaunchError(f"cannot resolve {address!r} for the rendezvous: {error.strerror}; "
-                             "check --main_process_ip") from None
+        raise MpslaunchError(
+            f"cannot resolve {address!r} for the rendezvous: {error.strerror}; "
+            "check --main_process_ip"
+        ) from None
     return family, where
