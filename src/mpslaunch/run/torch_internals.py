@@ -199,18 +199,24 @@ def tails_in_pieces(limit: int) -> Iterator[None]:
 def _tail_in_pieces(limit: int, header: str, file: str, dst, finished: threading.Event,
                     interval_sec: float, log_line_filter: Callable[[str], bool] | None = None):
     """What torch's tail_logfile does (wait for the file, copy it to `dst` behind `header` until
-    `finished` is set and its end is reached), reading at most `limit` characters at a time."""
-    while not os.path.exists(file):
-        if finished.is_set():
+    `finished` is set and its end is reached), reading at most `limit` characters at a time.
+    `finished` is looked at before each read: a rank whose last lines land between a read that
+    found the end and that look still has them copied (torch 2.15's order; 2.14's loses them)."""
+    while True:
+        was_finished = finished.is_set()
+        if os.path.exists(file):
+            break
+        if was_finished:
             return
         time.sleep(interval_sec)
     with open(file, errors="replace") as stream:
         while True:
+            was_finished = finished.is_set()
             piece = stream.readline(limit)
             if piece:
                 if log_line_filter is None or log_line_filter(piece):
                     dst.write(header + piece)
-            elif finished.is_set():
+            elif was_finished:
                 return
             else:
                 time.sleep(interval_sec)
