@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
+ANSWERS = "mpslaunch/answers"  # a key no one sets: connect_store asks the store about it
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
 NAMELESS_PEER_ABORTS = ((2, 5, 0), (2, 6, 0))  # releases [from, to) whose store without libuv
 # aborts at a connection from an address without a name (checked: 2.4.1 no, 2.5.1 yes, 2.6.0 no)
@@ -238,11 +239,15 @@ def serve_store(own: str, port: int, descriptor: int | None):
 
 
 def connect_store(address: str, port: int, seconds: float):
-    """A client of machine 0's store at address:port, waiting at most `seconds` for it."""
+    """A client of machine 0's store at address:port, waiting at most `seconds` for it, that has
+    had an answer from it: torch 2.4's client connects without a handshake, so another program
+    that accepts the connection would only be found out at the client's first call."""
     from torch.distributed import TCPStore
 
-    return TCPStore(address, port, None, False, datetime.timedelta(seconds=seconds),
-                    wait_for_workers=False)
+    store = TCPStore(address, port, None, False, datetime.timedelta(seconds=seconds),
+                     wait_for_workers=False)
+    store.check([ANSWERS])  # raises RuntimeError when nothing answers as a store within `seconds`
+    return store
 
 
 @dataclass
