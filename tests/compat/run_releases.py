@@ -2,8 +2,8 @@
 
 For each release: a fresh virtual environment with that torch and its torchvision, the Accelerate
 pip chooses and this repository installed editable with its test extras; the hand checks
-(hand_checks.py) and the tests (TESTS, or those --test names) in it; then the environment is removed (torch's
-Linux wheels pull several GB of CUDA libraries). Prints a Markdown table of the results.
+(hand_checks.py) and the tests (TESTS, or those --test names) in it; then the environment is
+removed (torch's Linux wheels pull several GB of CUDA libraries). Prints a Markdown table of the results.
 Linux only (the tests and the hand checks read /proc). The tests and the hand checks start with
 the stopping signals at their defaults, so a run under nohup or as a `&` job checks the same;
 each failing test is kept with the first line of what it said.
@@ -46,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the environments, each removed after use")
     parser.add_argument("--python", default=sys.executable, help="the Python to build them from")
     parser.add_argument("--no-pip-config", action="store_true",
-                        help="install without pip's configuration files (PIP_CONFIG_FILE=/dev/null): "
-                             "for a release newer than a machine-wide pip constraint allows")
+                        help="install without pip's configuration files (PIP_CONFIG_FILE="
+                             "/dev/null): for a release newer than a machine-wide pip "
+                             "constraint allows")
     parser.add_argument("--test", action="append", dest="tests", metavar="PATH",
-                        help=f"a test file or folder to run, once each (default: {' '.join(TESTS)})")
+                        help="a test file or folder to run, once each (default: "
+                             f"{' '.join(TESTS)})")
     args = parser.parse_args(argv)
     pip_env = {**os.environ, "PIP_CONFIG_FILE": os.devnull} if args.no_pip_config else None
     rows = []
@@ -95,8 +97,8 @@ def build(env: Path, python: str, torch_version: str, vision_version: str,
         pins.write(f"torch=={torch_version}\ntorchvision=={vision_version}\n")
         pins.flush()
         done = subprocess.run([str(env / "bin" / "pip"), "install", "-q", "-c", pins.name, "torch",
-                               "torchvision", "-e", f"{REPO}[test]"], capture_output=True, text=True,
-                              env=pip_env)
+                               "torchvision", "-e", f"{REPO}[test]"], capture_output=True,
+                              text=True, env=pip_env)
     if done.returncode != 0:
         return last_line(done.stderr)
     found = installed(str(env / "bin" / "python"), "torch")
