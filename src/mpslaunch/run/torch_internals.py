@@ -1,7 +1,7 @@
 """What the several-process path takes from torch beyond its public API, in one place, so that
-what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.5.1, 2.8.0
-and 2.14.1 (tests/compat), the store's reverse lookups also on 2.6.0; `missing()` names what the
-installed torch lacks.
+what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.5.1, 2.8.0,
+2.14.1 and 2.15.0 (tests/compat), the store's reverse lookups also on 2.6.0; `missing()` names
+what the installed torch lacks.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
@@ -38,11 +38,15 @@ installed torch lacks.
 - with c10d, torch 2.5's agent hands the ranks the rendezvous store itself; 2.4 (rank 0's
   process) and 2.6 and later (the agent) serve the ranks a store of their own, on a free port,
   on every interface (`c10d_ranks_share_the_rendezvous_store`);
+- torch 2.4's TCPStore client connects without a handshake (2.14.1's and 2.15.0's shake hands in
+  the constructor): a client is handed out only after the store has answered a question
+  (`connect_store`);
 - ChildFailedError (get_first_failure, failures) ends a failed run;
 - torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
   file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
   that much (and its copies) in the launcher at once. For the run it reads at most a given
-  number of characters at a time (`tails_in_pieces`), so the console wrapper's bound holds.
+  number of characters at a time (`tails_in_pieces`), so the console wrapper's bound holds, and
+  looks at whether the rank has ended before each read (torch does after it up to 2.14).
 
 The grace period when a rank fails: the other ranks get --grace_period to stop, not torch's 30 s.
 When a rank fails (or before a restart), torch's agent stops the other ranks through its
