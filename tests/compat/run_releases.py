@@ -2,14 +2,16 @@
 
 For each release: a fresh virtual environment with that torch and its torchvision, the Accelerate
 pip chooses and this repository installed editable with its test extras; the hand checks
-(hand_checks.py) and the run and API tests in it; then the environment is removed (torch's
-Linux wheels pull several GB of CUDA libraries). Prints a Markdown table of the results.
+(hand_checks.py) and the tests (TESTS, or those --test names) in it; then the environment is
+removed (torch's Linux wheels pull several GB of CUDA libraries). Prints a Markdown table of the results.
 Linux only (the tests and the hand checks read /proc). The tests and the hand checks start with
 the stopping signals at their defaults, so a run under nohup or as a `&` job checks the same;
 each failing test is kept with the first line of what it said.
 
     python tests/compat/run_releases.py                    # the oldest, 2.5, 2.8 and the newest here
     python tests/compat/run_releases.py 2.4.1/0.19.1       # torch/torchvision pairs of your own
+    python tests/compat/run_releases.py --no-pip-config 2.15.0/0.29.2  # past a machine's pip cap
+    python tests/compat/run_releases.py --test tests/run/torchrun/test_stops.py 2.5.1/0.20.1
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RELEASES = ["2.4.1/0.19.1", "2.5.1/0.20.1", "2.8.0/0.23.0", "2.14.1/0.29.1"]  # torch/torchvision
-TESTS = ["tests/run", "tests/launcher/test_api.py", "tests/commands/test_selftest.py"]
+TESTS = ["tests/run", "tests/launcher/test_api.py", "tests/commands/test_selftest.py",
+         "tests/machine/test_mps_verdict.py"]
 TEST_SECONDS = 1800
 COLUMNS = ["torch", "accelerate", "env", "run + API tests", "all-reduce", "failing rank",
            "SIGTERM", "test 2 processes", "nohup (HUP)", "background (INT)"]
@@ -42,26 +45,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", default=tempfile.gettempdir(),
                         help="folder for the environments, each removed after use")
     parser.add_argument("--python", default=sys.executable, help="the Python to build them from")
+    parser.add_argument("--no-pip-config", action="store_true",
+                        help="install without pip's configuration files (PIP_CONFIG_FILE="
+                             "/dev/null): for a release newer than a machine-wide pip "
+                             "constraint allows")
+    parser.add_argument("--test", action="append", dest="tests", metavar="PATH",
+                        help="a test file or folder to run, once each (default: "
+                             f"{' '.join(TESTS)})")
     args = parser.parse_args(argv)
+    pip_env = {**os.environ, "PIP_CONFIG_FILE": os.devnull} if args.no_pip_config else None
     rows = []
     for release in args.releases:
         torch_version, _, vision_version = release.partition("/")
-        rows.append(one_release(Path(args.envs), args.python, torch_version, vision_version))
+        rows.append(one_release(Path(args.envs), args.python, torch_version, vision_version,
+                                pip_env, args.tests or TESTS))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(f"`python tests/compat/run_releases.py {' '.join(args.releases)}`, "
+    given = sys.argv[1:] if argv is None else argv
+    print(f"`python tests/compat/run_releases.py {' '.join(given)}`, "
           f"{datetime.date.today().isoformat()}, {os.uname().sysname} {os.uname().machine}, "
           f"Python {python_version(args.python)}\n")
     print(table(rows))
     return 0 if all(passed(row) for row in rows) else 1
 
 
-def one_release(envs: Path, python: str, torch_version: str, vision_version: str) -> dict:
+def one_release(envs: Path, python: str, torch_version: str, vision_version: str,
+                pip_env: dict[str, str] | None = None, tests: list[str] = TESTS) -> dict:
     env = envs / f"mpslaunch-torch-{torch_version}"
     shutil.rmtree(env, ignore_errors=True)
     row = {"torch": torch_version}
     started = time.monotonic()
     try:
-        problem = build(env, python, torch_version, vision_version)
+        problem = build(env, python, torch_version, vision_version, pip_env)
         row["env"] = (f"{time.monotonic() - started:.0f} s, {disk_gb(env):.1f} GB" if not problem
                       else f"FAIL: {problem}")
         if problem:
@@ -69,19 +83,22 @@ def one_release(envs: Path, python: str, torch_version: str, vision_version: str
         env_python = str(env / "bin" / "python")
         row["accelerate"] = installed(env_python, "accelerate")
         row.update(hand_checks(env_python))
-        row["run + API tests"] = run_tests(env_python)
+        row["run + API tests"] = run_tests(env_python, tests)
     finally:
         shutil.rmtree(env, ignore_errors=True)
     return row
 
 
-def build(env: Path, python: str, torch_version: str, vision_version: str) -> str | None:
+def build(env: Path, python: str, torch_version: str, vision_version: str,
+          pip_env: dict[str, str] | None = None) -> str | None:
+    """`pip_env`: the environment pip installs in (None: this one's)."""
     subprocess.run([python, "-m", "venv", str(env)], check=True)
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as pins:
         pins.write(f"torch=={torch_version}\ntorchvision=={vision_version}\n")
         pins.flush()
         done = subprocess.run([str(env / "bin" / "pip"), "install", "-q", "-c", pins.name, "torch",
-                               "torchvision", "-e", f"{REPO}[test]"], capture_output=True, text=True)
+                               "torchvision", "-e", f"{REPO}[test]"], capture_output=True,
+                              text=True, env=pip_env)
     if done.returncode != 0:
         return last_line(done.stderr)
     found = installed(str(env / "bin" / "python"), "torch")
@@ -116,12 +133,12 @@ def hand_checks(python: str) -> dict:
     return {name: value if value == "ok" else f"FAIL: {value}" for name, value in results.items()}
 
 
-def run_tests(python: str) -> str:
+def run_tests(python: str, tests: list[str] = TESTS) -> str:
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "junit.xml"
         try:
             done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                   f"--junitxml={report}", *TESTS], capture_output=True, text=True,
+                                   f"--junitxml={report}", *tests], capture_output=True, text=True,
                                   cwd=REPO, timeout=TEST_SECONDS, preexec_fn=default_signals)
         except subprocess.TimeoutExpired:
             return f"FAIL: more than {TEST_SECONDS} s"

@@ -37,11 +37,10 @@ def test_the_tests_start_with_the_stopping_signals_at_their_defaults():
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # this process is untouched
 
 
-def test_a_failing_test_is_kept_with_the_first_line_it_said(tmp_path, monkeypatch):
+def test_a_failing_test_is_kept_with_the_first_line_it_said(tmp_path):
     tests = tmp_path / "test_sample.py"
     tests.write_text("def test_passes():\n    pass\n\n"
                      "def test_fails():\n    assert 1 == 2, 'the first line\\nand a second'\n")
-    monkeypatch.setattr(run_releases, "TESTS", [str(tests)])
-    said = run_releases.run_tests(sys.executable)
+    said = run_releases.run_tests(sys.executable, [str(tests)])
     assert said.startswith("FAIL: 1 failed, 1 passed: ")
     assert said.endswith("test_sample::test_fails (AssertionError: the first line)"), said

@@ -153,10 +153,12 @@ def test_two_ranks_writing_100_mb_without_a_newline_leave_the_launchers_memory_b
 # ---------------------------------------------------------------- a helper holding the output
 
 # The script leaves a helper in a session of its own, with an environment of its own (so nothing
-# finds it), holding stdout and stderr until <argv[1]> exists; then it says it trained and ends.
+# finds it), holding stdout and stderr until <argv[1]> exists (or its folder is gone: pytest may
+# remove it before a helper on a loaded machine looks); then it says it trained and ends.
 LEAVES_A_HELPER_ON_ITS_OUTPUT = """
 import subprocess, sys
-waits = "import os, sys, time\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+waits = ("import os, sys, time\\ngo = sys.argv[1]\\n"
+         "while os.path.isdir(os.path.dirname(go)) and not os.path.exists(go): time.sleep(0.05)")
 subprocess.Popen([sys.executable, "-c", waits, sys.argv[1]], start_new_session=True, env={})
 print("trained")
 """

@@ -1,7 +1,7 @@
 """What the several-process path takes from torch beyond its public API, in one place, so that
-what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.5.1, 2.8.0
-and 2.14.1 (tests/compat), the store's reverse lookups also on 2.6.0; `missing()` names what the
-installed torch lacks.
+what a new torch release may break is seen at a glance. Checked against torch 2.4.1, 2.5.1, 2.8.0,
+2.14.1 and 2.15.0 (tests/compat), the store's reverse lookups also on 2.6.0; `missing()` names
+what the installed torch lacks.
 
 - torch.distributed.run's own parsing (parse_args, config_from_args) turns the command line the
   plan makes into elastic_launch's LaunchConfig (`Elastic.config`);
@@ -38,13 +38,17 @@ installed torch lacks.
 - with c10d, torch 2.5's agent hands the ranks the rendezvous store itself; 2.4 (rank 0's
   process) and 2.6 and later (the agent) serve the ranks a store of their own, on a free port,
   on every interface (`c10d_ranks_share_the_rendezvous_store`);
+- torch 2.4's TCPStore client connects without a handshake (2.14.1's and 2.15.0's shake hands in
+  the constructor): a client is handed out only after the store has answered a question
+  (`connect_store`);
 - ChildFailedError (get_first_failure, failures) ends a failed run;
 - the agent logs the failure that ends an attempt to the FAILURE_LOGGER as "failed (exitcode: N)
   local_rank: R ...", the code and rank its first two arguments (`failures_logged`);
 - torch's --tee tailer (tail_log.tail_logfile, which TailLog runs for each rank) reads a rank's
   file a whole line at a time, however long: a rank that writes 250 MB without a newline puts
   that much (and its copies) in the launcher at once. For the run it reads at most a given
-  number of characters at a time (`tails_in_pieces`), so the console wrapper's bound holds.
+  number of characters at a time (`tails_in_pieces`), so the console wrapper's bound holds, and
+  looks at whether the rank has ended before each read (torch does after it up to 2.14).
 
 The grace period when a rank fails: the other ranks get --grace_period to stop, not torch's 30 s.
 When a rank fails (or before a restart), torch's agent stops the other ranks through its
@@ -75,6 +79,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 STORE_TIMEOUT = datetime.timedelta(seconds=900)  # torchrun's default rendezvous timeout
+ANSWERS = "mpslaunch/answers"  # a key no one sets: connect_store asks the store about it
 LIBUV_TAKES_A_LISTENING_SOCKET = (2, 8, 0)  # the first release whose libuv store accepts one
 NAMELESS_PEER_ABORTS = ((2, 5, 0), (2, 6, 0))  # releases [from, to) whose store without libuv
 # aborts at a connection from an address without a name (checked: 2.4.1 no, 2.5.1 yes, 2.6.0 no)
@@ -222,18 +227,24 @@ def _tail_in_pieces(
     log_line_filter: Callable[[str], bool] | None = None,
 ):
     """What torch's tail_logfile does (wait for the file, copy it to `dst` behind `header` until
-    `finished` is set and its end is reached), reading at most `limit` characters at a time."""
-    while not os.path.exists(file):
-        if finished.is_set():
+    `finished` is set and its end is reached), reading at most `limit` characters at a time.
+    `finished` is looked at before each read: a rank whose last lines land between a read that
+    found the end and that look still has them copied (torch 2.15's order; 2.14's loses them)."""
+    while True:
+        was_finished = finished.is_set()
+        if os.path.exists(file):
+            break
+        if was_finished:
             return
         time.sleep(interval_sec)
     with open(file, errors="replace") as stream:
         while True:
+            was_finished = finished.is_set()
             piece = stream.readline(limit)
             if piece:
                 if log_line_filter is None or log_line_filter(piece):
                     dst.write(header + piece)
-            elif finished.is_set():
+            elif was_finished:
                 return
             else:
                 time.sleep(interval_sec)
@@ -294,12 +305,16 @@ def serve_store(own: str, port: int, descriptor: int | None):
 
 
 def connect_store(address: str, port: int, seconds: float):
-    """A client of machine 0's store at address:port, waiting at most `seconds` for it."""
+    """A client of machine 0's store at address:port, waiting at most `seconds` for it, that has
+    had an answer from it: torch 2.4's client connects without a handshake, so another program
+    that accepts the connection would only be found out at the client's first call."""
     from torch.distributed import TCPStore
 
-    return TCPStore(
+    store = TCPStore(
         address, port, None, False, datetime.timedelta(seconds=seconds), wait_for_workers=False
     )
+    store.check([ANSWERS])  # raises RuntimeError when nothing answers as a store within `seconds`
+    return store
 
 
 @dataclass

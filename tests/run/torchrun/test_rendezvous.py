@@ -165,6 +165,36 @@ def test_machines_with_different_plans_are_refused_on_every_machine(tmp_path, st
     assert not (tmp_path / "never.py.ran").exists()
 
 
+class SignalledAsItStarts(threading.Thread):
+    """The gate's thread, with a SIGINT that comes before its start() has returned: on a loaded
+    machine the thread may have said its first line by then."""
+
+    def start(self):
+        super().start()
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_stop_as_the_wait_starts_is_said_as_a_stop_of_the_wait(monkeypatch):
+    from mpslaunch.run.torchrun import gate
+    from mpslaunch.run.torchrun.signals import Stopped
+
+    def stop(signum, _frame):
+        raise Stopped(signum)
+
+    port = free_port()  # nobody listens there: machine 0 never comes
+    waiting = gate.Gate(1, 2, "127.0.0.1", port, 30, lambda line: None)
+    previous = signal.signal(signal.SIGINT, stop)
+    monkeypatch.setattr(gate.threading, "Thread", SignalledAsItStarts)
+    try:
+        with pytest.raises(Stopped) as stopped:
+            waiting.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stopped.value.summary == ("mpslaunch: stopped by SIGINT while waiting for the other "
+                                     f"machines: machine 0 at 127.0.0.1:{port} could not be "
+                                     "reached (exit code 130)")
+
+
 def test_the_first_difference_from_machine_0_is_named():
     from mpslaunch.run.torchrun.gate import agreed_terms, plan_difference
 

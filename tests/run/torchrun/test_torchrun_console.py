@@ -107,3 +107,33 @@ def test_torchs_tailer_reads_a_line_without_an_end_in_bounded_pieces(tmp_path):
         tailer.stop()
     assert max(console.sizes) <= len("[rank0] ") + MAX_HELD
     assert "".join(piece.removeprefix("[rank0] ") for piece in console.text) == "x" * 3_000_000
+
+
+class FinishesWhenAsked:
+    """The end of a rank's output, as the tailer sees it: the first look at `finished` is when the
+    rank writes its last line and ends, in the window between the tailer's read and its look."""
+
+    def __init__(self, log):
+        self.log, self.asked = log, False
+
+    def is_set(self) -> bool:
+        if not self.asked:
+            self.asked = True
+            with self.log.open("a") as stream:
+                stream.write("last line\n")
+        return True
+
+
+def test_a_last_line_written_as_the_rank_ends_reaches_the_console(tmp_path):
+    """The tailer looks at `finished` before it reads, so the line written between a read that
+    found the end of the file and that look is still copied."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    from mpslaunch.run.torch_internals import tails_in_pieces
+
+    log = tmp_path / "stdout.log"
+    log.write_text("first line\n")
+    console = Writes()
+    with tails_in_pieces(MAX_HELD):
+        tail_log.tail_logfile("[rank0] ", str(log), console, FinishesWhenAsked(log), 0.01)
+    assert "".join(console.text) == "[rank0] first line\n[rank0] last line\n"

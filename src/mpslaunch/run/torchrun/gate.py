@@ -80,10 +80,10 @@ class Gate:
 
     def wait(self, store=None) -> None:
         """Check in and wait for the others; `store`: machine 0's own, None to connect to it."""
-        threading.Thread(
-            target=self._meet, args=(store,), name="mpslaunch-gate", daemon=True
-        ).start()
-        try:
+        try:  # a stop that comes while the thread starts (it may say its first line by then) too
+            threading.Thread(
+                target=self._meet, args=(store,), name="mpslaunch-gate", daemon=True
+            ).start()
             while not self.done.wait(POLL_SECONDS):  # the main thread stays free for signals
                 if self._left() < -ANSWER_SECONDS:
                     raise NotJoined(self._unanswered())
