@@ -30,16 +30,21 @@ else:
 
 
 def command_line() -> int:
-    """The `mpslaunch` program (its console script and `python -m mpslaunch`). Ctrl-C while the
-    launcher's own modules load ends as Ctrl-C anywhere before the script starts: one line, 130."""
+    """The `mpslaunch` program (its console script and `python -m mpslaunch`). Ctrl-C before a
+    run began, while the launcher's modules load or it makes its plan, ends in one line and 130;
+    a run handles its own stops."""
     try:
         from mpslaunch.commands import main
+
+        return main()
     except KeyboardInterrupt:
         import os
 
-        os.write(2, b"mpslaunch: stopped by SIGINT before anything ran (exit code 130)\n")
+        try:  # stderr may be closed: the exit code still says it
+            os.write(2, b"mpslaunch: stopped by SIGINT before anything ran (exit code 130)\n")
+        except OSError:
+            pass
         return 130
-    return main()
 
 
 def lazy_names(package: str, modules: dict[str, tuple[str, ...]]):

@@ -168,14 +168,6 @@ def _split_help(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C before a run began: a run handles its own stops
-        output.say("stopped by SIGINT before anything ran (exit code 130)")
-        return 130
-
-
-def _main(argv: list[str] | None) -> int:
     if argv is None:  # the program itself, not a caller in its own process
         guard_standard_streams()
     argv = sys.argv[1:] if argv is None else argv

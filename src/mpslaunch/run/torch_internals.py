@@ -280,27 +280,18 @@ def serve_store(own: str, port: int, descriptor: int | None):
     import torch
     from torch.distributed import TCPStore
 
+    server = dict(wait_for_workers=False, multi_tenant=True)
     if descriptor is None:
-        return TCPStore(
-            own,
-            port,
-            None,
-            True,
-            STORE_TIMEOUT,
-            wait_for_workers=False,
-            multi_tenant=True,
-            use_libuv=True,
-        )
+        return TCPStore(own, port, None, True, STORE_TIMEOUT, use_libuv=True, **server)
     return TCPStore(
         own,
         port,
         None,
         True,
         STORE_TIMEOUT,
-        wait_for_workers=False,
-        multi_tenant=True,
         master_listen_fd=descriptor,
         use_libuv=libuv_takes_a_listening_socket(torch.__version__),
+        **server,
     )
 
 
