@@ -90,6 +90,7 @@ FP8 = "accelerate launch option mpslaunch does not take: mpslaunch's mixed preci
     (["--tpu", "--main_process_ip"], TPU),
     (["--num_processes", "many", "--tpu", "SCRIPT"], "argument --num_processes: invalid int value"),
     (["--main_process_ip", "--tpu", "SCRIPT"], "argument --main_process_ip: expected one argument"),
+    (["-t9", "SCRIPT", "--tpu"], "--tee must be one of 0, 1, 2, 3, not '9'"),  # --tpu: the script's
 ])
 def test_a_refused_option_in_each_form_and_company_is_one_line(tmp_path, args, words):
     script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")

@@ -14,7 +14,6 @@ import argparse
 import importlib
 import os
 import sys
-from itertools import takewhile
 
 from mpslaunch import __version__, output
 from mpslaunch.output import MpslaunchError, guard_standard_streams
@@ -135,12 +134,12 @@ def _wording(problem: argparse.ArgumentError) -> str:
 
 
 def _before(words: list[str] | None, problem: argparse.ArgumentError) -> list[str]:
-    """The words before the option argparse stopped at: options and their values only (a word
-    that starts with `--` is never taken as a value), none of them the script or its arguments."""
+    """The words before the option argparse stopped at, found by its name (`--name`,
+    `--name=value`): options and their values only, never the script or its arguments. None
+    when it is not found so (a positional, `-t3`)."""
     names = (problem.argument_name or "").split("/")
-    if words is None or not names[0].startswith("-"):
-        return []
-    return list(takewhile(lambda word: word.split("=", 1)[0] not in names, words))
+    named = [at for at, word in enumerate(words or ()) if word.split("=", 1)[0] in names]
+    return words[: named[0]] if words and named and names[0].startswith("-") else []
 
 
 def _nearest(word: str, options) -> str | None:
