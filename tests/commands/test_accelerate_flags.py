@@ -4,11 +4,18 @@ refused in one line that says the mpslaunch way. The list comes from the install
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from helpers import run_cli, write_script
+from helpers import one_line_error, run_cli, write_script
 from mpslaunch import commands as cli
+from mpslaunch.commands import launch
+from mpslaunch.settings.accelerate_flags import REFUSED
+
+REFUSED_SPELLINGS = [spelling for _, names in REFUSED for name in names
+                     for spelling in (name, name.replace("_", "-"))]
 
 
 def launch_parser():
@@ -21,7 +28,28 @@ def test_every_accelerate_launch_option_is_taken_or_refused():
     ours = launch_parser()._option_string_actions
     theirs = [name for action in launch_command_parser()._actions for name in action.option_strings]
     assert len(theirs) > 200
-    assert [name for name in theirs if name not in ours] == []
+    assert [name for name in theirs if name not in ours and not launch.explain_unknown(name)] == []
+
+
+def test_a_refused_option_is_no_option_of_the_parser_and_each_spelling_says_its_way():
+    ours = launch_parser()._option_string_actions
+    assert len(REFUSED_SPELLINGS) > 190
+    assert [spelling for spelling in REFUSED_SPELLINGS if spelling in ours] == []
+    for why, names in REFUSED:
+        for name in names:
+            for typed in (name, name.replace("_", "-"), f"{name}=1"):
+                spelling = typed.split("=")[0]
+                assert launch.explain_unknown(typed) == (
+                    f"{spelling} is an accelerate launch option mpslaunch does not take: {why}")
+    for word in ("--tpu_", "--use_fsdp-", "-tpu", "tpu", "train.py", "--num_processes", "--"):
+        assert launch.explain_unknown(word) is None
+
+
+def test_the_nearest_option_is_never_a_refused_one():
+    ours = launch_parser()._option_string_actions
+    for spelling in REFUSED_SPELLINGS:
+        for typo in (spelling[:-1], spelling + "s"):
+            assert cli._nearest(typo, ours) not in REFUSED_SPELLINGS, typo
 
 
 @pytest.mark.slow
@@ -40,6 +68,74 @@ def test_accelerate_options_mpslaunch_does_not_take_say_what_to_do(tmp_path, arg
     assert "\n" not in line and "Traceback" not in line
     assert line.startswith(f"mpslaunch: error: {args[0]} is an accelerate launch option") and words in line
     assert not (tmp_path / "train.py.ran").exists()
+
+
+TPU = "--tpu is an accelerate launch option mpslaunch does not take: mpslaunch runs on mps, cuda"
+FP8 = "accelerate launch option mpslaunch does not take: mpslaunch's mixed precision is no"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, words", [
+    (["--fp8_backend=te", "SCRIPT"], f"--fp8_backend is an {FP8}"),
+    (["--fp8-backend", "te", "SCRIPT"], f"--fp8-backend is an {FP8}"),  # te is taken as the script
+    (["--fp8_backend"], f"--fp8_backend is an {FP8}"),
+    (["--tpu=yes", "SCRIPT"], TPU),
+    (["--tpu"], TPU),  # no script
+    (["--tpu", "-m", "json.tool"], TPU),
+    (["-m", "--tpu", "json.tool"], TPU),
+    # With another problem on the line, the first one is said.
+    (["--bogus", "--tpu", "SCRIPT"], TPU),
+    (["--tpu", "--bogus", "SCRIPT"], TPU),
+    (["--tpu", "--num_processes", "many", "SCRIPT"], TPU),
+    (["--tpu", "--main_process_ip"], TPU),
+    (["--num_processes", "many", "--tpu", "SCRIPT"], "argument --num_processes: invalid int value"),
+    (["--main_process_ip", "--tpu", "SCRIPT"], "argument --main_process_ip: expected one argument"),
+    (["-t9", "SCRIPT", "--tpu"], "--tee must be one of 0, 1, 2, 3, not '9'"),  # --tpu: the script's
+])
+def test_a_refused_option_in_each_form_and_company_is_one_line(tmp_path, args, words):
+    script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
+    line = one_line_error(run_cli("launch", *[str(script) if arg == "SCRIPT" else arg for arg in args]))
+    assert line.startswith(f"mpslaunch: error: {words}")
+    assert line.endswith("(see `mpslaunch launch --help`)")
+    assert not (tmp_path / "train.py.ran").exists()
+
+
+@pytest.mark.slow
+def test_a_refused_option_before_the_command_is_refused_not_moved(tmp_path):
+    script = write_script(tmp_path, "train.py", "open(__file__ + '.ran', 'w')\n")
+    line = one_line_error(run_cli("--tpu", "launch", str(script)))
+    assert line.startswith(f"mpslaunch: error: {TPU}") and "give it after" not in line
+    assert not (tmp_path / "train.py.ran").exists()
+
+
+@pytest.mark.slow
+def test_a_misspelled_refused_option_is_unrecognized_and_not_suggested(tmp_path):
+    script = write_script(tmp_path, "train.py", "")
+    line = one_line_error(run_cli("launch", "--use_fsd", str(script)))
+    assert line.startswith("mpslaunch: error: unrecognized arguments: --use_fsd")
+    assert "did you mean --use_fsdp" not in line
+
+
+@pytest.mark.slow
+def test_refused_options_after_the_script_or_module_are_the_scripts(tmp_path):
+    script = write_script(tmp_path, "train.py", "import sys; print(sys.argv[1:])\n")
+    write_script(tmp_path, "tool.py", "import sys; print('module', sys.argv[1:])\n")
+    done = run_cli("launch", "--cpu", "-q", str(script), "--tpu", "--fp8_backend", "te")
+    assert (done.returncode, done.stdout) == (0, "['--tpu', '--fp8_backend', 'te']\n"), done.stderr
+    done = run_cli("launch", "--cpu", "-q", "-m", "tool", "--use-fsdp", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "module ['--use-fsdp']\n"), done.stderr
+
+
+@pytest.mark.slow
+def test_help_lists_no_refused_option_and_a_launch_does_not_read_their_table(tmp_path):
+    shown = run_cli("launch", "--help").stdout
+    assert [spelling for spelling in REFUSED_SPELLINGS if f"{spelling} " in shown] == []
+    script = write_script(tmp_path, "train.py", "")
+    probe = ("import sys; from mpslaunch.commands import main; "
+             f"code = main(['launch', '--dry_run', {str(script)!r}]); "
+             "print(code, 'mpslaunch.settings.accelerate_flags' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 False", done.stderr
 
 
 @pytest.mark.slow

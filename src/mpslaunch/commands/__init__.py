@@ -1,7 +1,9 @@
 """The command line: the table of commands, the parser, and `main`, which hands the parsed
 command line to the chosen command's module (one module or package per command here).
 
-Each command module offers HELP (its --help text), add_arguments(parser) and main(args) -> int.
+Each command module offers HELP (its --help text), add_arguments(parser) and main(args) -> int,
+and may offer explain_unknown(word) -> str | None: the usage error for a word its parser does not
+take, read only on that error path (launch's for Accelerate's options it refuses).
 Only the chosen command's module is imported, and none imports torch or questionary at the top,
 so `launch` starts fast. An MpslaunchError becomes one line on stderr and its exit code.
 """
@@ -15,6 +17,11 @@ import sys
 
 from mpslaunch import __version__, output
 from mpslaunch.output import MpslaunchError, guard_standard_streams
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import NoReturn
 
 HELP = """\
 Launch PyTorch training on your own machine: mps on Apple silicon, cuda on NVIDIA
@@ -57,7 +64,8 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with the nearest known option and where to look)
     and exit code 2, and no abbreviations: `--num_proc` is an unknown option, never a guess."""
 
-    command_parser: argparse.ArgumentParser  # the chosen command's, once build_parser adds it
+    command_parser: OneLineParser  # the chosen command's, once build_parser adds it
+    explain_unknown: Callable[[str], str | None] | None = None  # the command module's, if any
 
     def __init__(self, *args, **kwargs):
         super().__init__(
@@ -74,9 +82,20 @@ class OneLineParser(argparse.ArgumentParser):
         try:
             return super().parse_known_args(args, namespace)
         except argparse.ArgumentError as problem:
-            self.error(_wording(problem))
+            # A word the command explains, typed before the option argparse stopped at, came first.
+            self.error(self.explained(_before(args, problem)) or _wording(problem))
 
-    def error(self, message: str):
+    def reject_unknown(self, words: list[str]) -> NoReturn:
+        """The usage error for words no parser took: the command's explanation of the first one
+        it knows, else "unrecognized arguments" with the nearest options."""
+        self.error(self.explained(words) or f"unrecognized arguments: {' '.join(words)}")
+
+    def explained(self, words: list[str]) -> str | None:
+        """The command's own usage error (explain_unknown) for the first of `words` it knows."""
+        explain = self.explain_unknown
+        return next(filter(None, map(explain, words)), None) if explain else None
+
+    def error(self, message: str) -> NoReturn:
         output.error(f"{message}{self.nearest_options(message)} (see `{self.prog} --help`)")
         sys.exit(2)
 
@@ -112,6 +131,15 @@ def _wording(problem: argparse.ArgumentError) -> str:
     if problem.message.startswith(tuple(f"{name} " for name in names)):
         return problem.message
     return f"argument {names[0]}: {problem.message}"
+
+
+def _before(words: list[str] | None, problem: argparse.ArgumentError) -> list[str]:
+    """The words before the option argparse stopped at, found by its name (`--name`,
+    `--name=value`): options and their values only, never the script or its arguments. None
+    when it is not found so (a positional, `-t3`)."""
+    names = (problem.argument_name or "").split("/")
+    named = [at for at, word in enumerate(words or ()) if word.split("=", 1)[0] in names]
+    return words[: named[0]] if words and named and names[0].startswith("-") else []
 
 
 def _nearest(word: str, options) -> str | None:
@@ -154,6 +182,7 @@ def build_parser(command: str | None) -> OneLineParser:
         sub = commands.add_parser(command, help=help_text, description=description, epilog=examples)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.main)
+        sub.explain_unknown = getattr(module, "explain_unknown", None)
         parser.command_parser = sub
         return parser
     for name, (_, help_text) in COMMANDS.items():  # for `mpslaunch --help` and unknown commands
@@ -181,10 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser = build_parser(command)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # the command's own parser names the nearest option and its own --help
-        getattr(parser, "command_parser", parser).error(
-            f"unrecognized arguments: {' '.join(unknown)}"
-        )
+    if unknown:  # the command's own parser explains them, or names the nearest option
+        getattr(parser, "command_parser", parser).reject_unknown(unknown)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

@@ -14,7 +14,6 @@ from mpslaunch.settings import (
     OPTIONS,
     OUTPUT,
     PLAN,
-    add_refused,
     add_table_options,
     request_from_args,
 )
@@ -41,9 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_table_options(
         parser, *(option.name for option in OPTIONS if option.flag is not None), groups=groups
     )
-    add_refused(parser)
     parser.add_argument("script", nargs="?", help="the script (or module, with -m) to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def explain_unknown(word: str) -> str | None:
+    """The usage error for an unknown word that is an Accelerate launch option mpslaunch does not
+    take (what to do instead), else None. Its table is read on this error path only."""
+    from mpslaunch.settings import refusal
+
+    return refusal(word)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -3,12 +3,13 @@
 options.py declares every launch option and profile key once (the option table); request.py
 (LaunchOptions, LaunchRequest) and profile.py (Profile) write its fields out; profile_files.py
 finds, reads and writes profile files; accelerate_config.py reads Accelerate's config files as
-profiles; layers.py merges the defaults, a profile file, the command line (or
-mpslaunch.launch()'s keywords) and a cluster's facts into Settings, each value with where it
-came from; flags.py and accelerate_flags.py are the table's command-line side (argparse);
-paths.py opens the files the user names (scripts too) only when they are regular files. Nothing
-here probes the machine or decides anything. Other packages take these names from here; the
-command-line side and the Accelerate translation are imported on first use.
+profiles; layers.py merges the defaults, a profile file, the command line (or mpslaunch.launch()'s
+keywords) and a cluster's facts into Settings, each value with where it came from; flags.py is the
+table's command-line side (argparse), and accelerate_flags.py the words for Accelerate's launch
+options that mean nothing here; paths.py opens the files the user names (scripts too) only when
+they are regular files. Nothing here probes the machine or decides anything. Other packages take
+these names from here; the command-line side and the Accelerate translation are imported on first
+use.
 """
 
 from mpslaunch import lazy_names
@@ -62,6 +63,6 @@ __getattr__ = lazy_names(
     {
         "accelerate_config": ("Translation", "default_config_path", "unused_default_note"),
         "flags": ("add_option", "add_table_options", "request_from_args", "spellings"),
-        "accelerate_flags": ("WAYS", "add_refused"),
+        "accelerate_flags": ("WAYS", "refusal"),
     },
 )

@@ -1,14 +1,14 @@
 """Accelerate's launch options that mpslaunch does not take, each refused with the mpslaunch way
 (WAYS, which the translation of Accelerate's config files also gives).
 
-They are registered (hidden from --help) so that typing one gives one line that says what to do,
-not "unrecognized arguments". The list follows `accelerate launch --help` (accelerate 1.15);
-a test checks that every option there is either taken by `mpslaunch launch` or listed here.
+They are not argparse options: the launch parser leaves them unknown, and its usage error asks
+`refusal` about each unknown word, so typing one gives one line that says what to do, not
+"unrecognized arguments", and a launch without them never builds this table. The list follows
+`accelerate launch --help` (accelerate 1.15); a test checks that every option there is either
+taken by `mpslaunch launch` or listed here.
 """
 
 from __future__ import annotations
-
-import argparse
 
 # What mpslaunch does not do, and what to do instead (also what the config translation says
 # for the same settings, accelerate_config.py).
@@ -49,12 +49,12 @@ WAYS = {
     "other accelerators": "mpslaunch runs on mps, cuda or cpu; use `accelerate launch` for this device",
 }
 
-# (the mpslaunch way, options that take no value, options that take one value)
+# (the mpslaunch way, the options it answers; each also in its dash spelling)
 REFUSED = (
     (
         WAYS["DeepSpeed"],
-        ("--use_deepspeed",),
         (
+            "--use_deepspeed",
             "--deepspeed_config_file",
             "--zero_stage",
             "--offload_optimizer_device",
@@ -73,13 +73,12 @@ REFUSED = (
     (
         "set it in the script: Accelerator(gradient_accumulation_steps=N), or "
         "accelerator.clip_grad_norm_(parameters, max_norm)",
-        (),
         ("--gradient_accumulation_steps", "--gradient_clipping"),
     ),
     (
         WAYS["FSDP"],
-        ("--use_fsdp",),
         (
+            "--use_fsdp",
             "--fsdp_version",
             "--fsdp_offload_params",
             "--fsdp_min_num_params",
@@ -99,8 +98,8 @@ REFUSED = (
     ),
     (
         WAYS["Megatron-LM"],
-        ("--use_megatron_lm",),
         (
+            "--use_megatron_lm",
             "--megatron_lm_tp_degree",
             "--megatron_lm_use_custom_fsdp",
             "--megatron_lm_no_load_optim",
@@ -132,8 +131,8 @@ REFUSED = (
     ),
     (
         WAYS["N-d parallelism"],
-        ("--use_parallelism_config",),
         (
+            "--use_parallelism_config",
             "--parallelism_config_dp_replicate_size",
             "--parallelism_config_dp_shard_size",
             "--parallelism_config_tp_size",
@@ -149,8 +148,8 @@ REFUSED = (
     ),
     (
         WAYS["fp8"],
-        ("--fp8_use_autocast_during_eval",),
         (
+            "--fp8_use_autocast_during_eval",
             "--fp8_backend",
             "--fp8_margin",
             "--fp8_interval",
@@ -165,54 +164,39 @@ REFUSED = (
     ),
     (
         WAYS["TPUs"],
-        ("--tpu", "--tpu_cluster", "--no_tpu_cluster", "--tpu_use_sudo", "--downcast_bf16"),
-        ("--vm", "--env", "--main_training_function"),
+        (
+            "--tpu",
+            "--tpu_cluster",
+            "--no_tpu_cluster",
+            "--tpu_use_sudo",
+            "--downcast_bf16",
+            "--vm",
+            "--env",
+            "--main_training_function",
+        ),
     ),
-    (WAYS["SageMaker"], (), ("--aws_access_key_id", "--aws_secret_access_key")),
-    (WAYS["MPI"], (), ("--mpirun_hostfile",)),
-    (WAYS["CPU affinity"], ("--enable_cpu_affinity",), ()),
+    (WAYS["SageMaker"], ("--aws_access_key_id", "--aws_secret_access_key")),
+    (WAYS["MPI"], ("--mpirun_hostfile",)),
+    (WAYS["CPU affinity"], ("--enable_cpu_affinity",)),
     (
         "--rdzv_backend static (the default) meets at --main_process_ip and "
         "--main_process_port, as --same_network does; drop it",
         ("--same_network",),
-        (),
     ),
     (
         "mpslaunch builds the rendezvous from --rdzv_backend, --main_process_ip and "
         "--main_process_port; drop --rdzv_conf",
-        (),
         ("--rdzv_conf",),
     ),
-    ("mpslaunch names its workers itself; drop --role", (), ("--role",)),
+    ("mpslaunch names its workers itself; drop --role", ("--role",)),
 )
 
 
-class _Refuse(argparse.Action):
-    def __init__(self, option_strings, dest, why: str, **kwargs):
-        super().__init__(
-            option_strings, dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs
-        )
-        self.why = why
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(
-            f"{option_string} is an accelerate launch option mpslaunch does not take: {self.why}"
-        )
-
-
-def add_refused(parser: argparse.ArgumentParser) -> None:
-    """Register every refused option, in its underscore and dash spellings; one argparse action
-    per kind (few actions: the launch command builds this parser on every start)."""
-    for number, (why, switches, valued) in enumerate(REFUSED):
-        for names, nargs in ((switches, 0), (valued, None)):
-            if names:
-                spellings = [
-                    spelling for name in names for spelling in (name, name.replace("_", "-"))
-                ]
-                parser.add_argument(
-                    *spellings,
-                    action=_Refuse,
-                    why=why,
-                    nargs=nargs,
-                    dest=f"refused_{number}_{nargs}",
-                )
+def refusal(word: str) -> str | None:
+    """The one-line refusal of `word` (`--name`, `--name=value`, or its dash spelling) when it is
+    an Accelerate launch option listed here, else None."""
+    typed = word.split("=", 1)[0]
+    for why, names in REFUSED:
+        if any(typed in (name, name.replace("_", "-")) for name in names):
+            return f"{typed} is an accelerate launch option mpslaunch does not take: {why}"
+    return None
