@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 
 from mpslaunch import Record, output, record
-from mpslaunch.run import summary
 
 
 @record
@@ -39,6 +38,8 @@ class Run:
     """The run as the companion sees it: the processes it follows, the clock, the end line."""
 
     def __init__(self, watch: Watch, processes: Callable[[], Iterable[int]]):
+        from mpslaunch.run import summary  # once the script has started: see single.run
+
         self.watch = watch
         self.followed: list[int] = []
         self.peaks = summary.PeakTracker(lambda: [*self.followed, *processes()])
@@ -53,6 +54,8 @@ class Run:
         """Print the end line (unless quiet). `returncode`: the one process's Popen code."""
         if not self.watch.report or (self.watch.failures_only and code == 0):
             return
+        from mpslaunch.run import summary
+
         self.peaks.tick()
         crash = (
             summary.native_crash(returncode, self.watch.fault_handler, self.watch.device)

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 from mpslaunch import output
 from mpslaunch.output import MpslaunchError
@@ -31,7 +32,7 @@ from mpslaunch.output import MpslaunchError
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
 if TYPE_CHECKING:
     from mpslaunch.plan import LaunchPlan
-    from mpslaunch.run.companion import Run, Watch
+    from mpslaunch.run.companion import Watch
     from mpslaunch.run.supervisor import Supervisor
 
 
@@ -44,70 +45,84 @@ def run(plan: LaunchPlan, watch: Watch, held: Sequence[int]) -> int:
     """Run the plan's command as one child; return its exit code. `held`: stopping signals that
     came before the run's handlers (supervisor.holding_stops)."""
     from mpslaunch.run.companion import watching
+    from mpslaunch.run.processes import PASSED_ON, STOPPING_SIGNALS, new_run_id
 
-    with watching(watch) as companion:
-        code, returncode, tee = _run(plan, companion, held)
+    tee = _tee(plan.log_dir) if plan.log_dir else None
+    run_id, started = new_run_id(), time.time()
+    child = _Child(run_id, plan.grace_period, plan.delivers_signals, watch.report)
+    # The companion is entered once the script has started (nothing of it delays the start)
+    # and left after the clean-up, which the run's time and peaks include.
+    with ExitStack() as companion_around:
+        # Handlers go in first: a signal that arrives while the child starts is held, then
+        # forwarded.
+        with child.supervisor.handling(
+            {
+                **dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
+                signal.SIGTSTP: child.job_control,
+                signal.SIGCONT: child.job_control,
+            }
+        ):
+            if held:  # a stop came before these handlers: the script never starts
+                companion = companion_around.enter_context(watching(watch))
+                code, returncode = _stopped_before_the_start(held[0], tee), None
+            else:
+                process = _start(plan, run_id, tee)
+                child.attach(process)
+                companion = companion_around.enter_context(watching(watch))
+                companion.follow(process.pid)
+                returncode = _wait(process, tee)
+        if returncode is not None:
+            code = _after_the_child(child.supervisor, returncode, started, tee)
     companion.ended(code, returncode, str(tee.folder) if tee else None)
     return code
 
 
-def _run(plan: LaunchPlan, companion: Run, held: Sequence[int]):
-    """The run itself: (the exit code, the child's Popen returncode, the Tee or None)."""
-    from mpslaunch.run.processes import (
-        MARKS_SEEN_WITHOUT_PSUTIL,
-        PASSED_ON,
-        RUN_MARKER,
-        STOPPING_SIGNALS,
-        exit_code,
-        new_run_id,
-        warm_process_table,
-    )
+def _start(plan: LaunchPlan, run_id: str, tee) -> subprocess.Popen:
+    """The child, in a session of its own, with the plan's environment and the run's marker."""
+    from mpslaunch.run.processes import RUN_MARKER
 
-    tee = _tee(plan.log_dir) if plan.log_dir else None
-    run_id, started = new_run_id(), time.time()
     inherited = {key: value for key, value in os.environ.items() if key not in plan.removed}
     env = {**inherited, **(tee.environment if tee else {}), **plan.env, RUN_MARKER: run_id}
-    child = _Child(run_id, plan.grace_period, plan.delivers_signals, companion.watch.report)
-    # Handlers go in first: a signal that arrives while the child starts is held, then forwarded.
-    with child.supervisor.handling(
-        {
-            **dict.fromkeys(STOPPING_SIGNALS + PASSED_ON, child.signal),
-            signal.SIGTSTP: child.job_control,
-            signal.SIGCONT: child.job_control,
-        }
-    ):
-        if held:  # a stop came before these handlers: the script never starts
-            return _stopped_before_the_start(held[0], tee), None, tee
-        try:
-            process = subprocess.Popen(
-                list(plan.command),
-                env=env,
-                start_new_session=True,
-                preexec_fn=_parent_death_signal(),
-                **(tee.popen_streams if tee else {}),
-            )
-        except OSError as error:
-            raise MpslaunchError(f"cannot start {plan.command[0]}: {error.strerror}") from None
-        child.attach(process)
-        companion.follow(process.pid)
-        if tee:
-            tee.start(process)
-        if not MARKS_SEEN_WITHOUT_PSUTIL:
-            warm_process_table()
-        returncode = process.wait()
+    try:
+        return subprocess.Popen(
+            list(plan.command),
+            env=env,
+            start_new_session=True,
+            preexec_fn=_parent_death_signal(),
+            **(tee.popen_streams if tee else {}),
+        )
+    except OSError as error:
+        raise MpslaunchError(f"cannot start {plan.command[0]}: {error.strerror}") from None
+
+
+def _wait(process: subprocess.Popen, tee) -> int:
+    """The child's Popen returncode, once it ended."""
+    from mpslaunch.run.processes import MARKS_SEEN_WITHOUT_PSUTIL, warm_process_table
+
+    if tee:
+        tee.start(process)
+    if not MARKS_SEEN_WITHOUT_PSUTIL:
+        warm_process_table()
+    return process.wait()
+
+
+def _after_the_child(supervisor: Supervisor, returncode: int, started: float, tee) -> int:
+    """The clean-up once the child ended, and the run's exit code: the stopping signal's when
+    the supervisor had to kill the child."""
+    from mpslaunch.run.processes import exit_code
+
     # Whatever the child left in its session (workers, helpers) or elsewhere must not outlive it.
-    child.supervisor.clean_up(started)
+    supervisor.clean_up(started)
     if tee:
         tee.finish()  # after the kills: a helper holding the output pipe would keep it open
-    supervisor = child.supervisor
     if supervisor.killed_at is not None and returncode == -signal.SIGKILL:
         code = supervisor.exit_code()
         output.say(
             f"the script was still running {_when_killed(supervisor)}, so it was killed; "
             f"exit code {code}"
         )
-        return code, returncode, tee
-    return exit_code(returncode), returncode, tee
+        return code
+    return exit_code(returncode)
 
 
 def _stopped_before_the_start(signum: int, tee) -> int:
