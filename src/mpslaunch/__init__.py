@@ -152,36 +152,41 @@ def record(cls: type[_Class]) -> type[_Class]:
     base: Any = next((base for base in cls.__bases__ if issubclass(base, Record)), None)
     if base is None:
         raise TypeError(f"{cls.__name__}: a record derives from Record or from another record")
-    own = tuple(cls.__dict__.get("__annotations__", {}))
+    annotations = cls.__dict__.get("__annotations__", {})
+    own = tuple(annotations)
     names = (*base._fields, *own)
     if len(set(names)) != len(names) or any(name.startswith("_") for name in own):
         raise TypeError(f"{cls.__name__}: a field repeats its base's, or starts with _")
-    defaults = {
+    defaults = {  # in the fields' order, where they are the last fields
         **base._field_defaults,
         **{name: cls.__dict__[name] for name in own if name in cls.__dict__},
     }
     required = len(names) - len(defaults)
-    if set(names[required:]) != set(defaults):
+    if set(names[required:]) != defaults.keys():
         raise TypeError(f"{cls.__name__}: a field without a default follows one with a default")
     namespace = {
         key: value
         for key, value in cls.__dict__.items()
-        if key not in own and key not in ("__dict__", "__weakref__")
+        if key not in annotations and key not in ("__dict__", "__weakref__")
     }
     from operator import itemgetter  # already imported by subprocess
 
     while len(_FIELD_GETTERS) < len(names):
         index = len(_FIELD_GETTERS)
         _FIELD_GETTERS.append(property(itemgetter(index), doc=f"Alias for field number {index}"))
-    namespace.update(zip(own, _FIELD_GETTERS[len(base._fields) : len(names)], strict=True))
-    namespace.update(
-        __slots__=(),
-        _fields=names,
-        _field_defaults={name: defaults[name] for name in names[required:]},
-        _field_fills=tuple(defaults.get(name, _MISSING) for name in names),
-        __match_args__=names,
+    made = type(
+        cls.__name__,
+        cls.__bases__,
+        {
+            **namespace,
+            **dict(zip(own, _FIELD_GETTERS[len(base._fields) : len(names)], strict=True)),
+            "__slots__": (),
+            "_fields": names,
+            "_field_defaults": defaults,
+            "_field_fills": (_MISSING,) * required + tuple(defaults.values()),
+            "__match_args__": names,
+        },
     )
-    made = type(cls.__name__, cls.__bases__, namespace)
     for value in namespace.values():  # zero-argument super() in a method means the class made
         function = getattr(value, "__func__", getattr(value, "fget", value))
         for cell in getattr(function, "__closure__", None) or ():
