@@ -5,7 +5,7 @@ Pure, and light: it imports nothing of mpslaunch, so the check can ask it cheapl
 
 from __future__ import annotations
 
-from collections import namedtuple
+from mpslaunch import Record, record
 
 # What torchrun (and the MPI launchers, whose world sizes Accelerate also reads) give the
 # processes they start. Left in a shell (a torchrun or SLURM job's), they tell a one-process
@@ -56,11 +56,13 @@ _TORCHRUN_OTHERS = (
 )
 
 
-class Seen(namedtuple("Seen", "present values", defaults=(None,))):
+@record
+class Seen(Record):
     """What a script finds in one environment variable under a plan: absent, or present with
     one of `values` (None: a value the plan does not tell, such as a port)."""
 
-    __slots__ = ()
+    present: bool
+    values: tuple[str, ...] | None = None
 
 
 def seen_by_the_script(name: str, device: str, world_size: int) -> Seen | None:

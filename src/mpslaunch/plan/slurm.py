@@ -18,9 +18,9 @@ refused, since one launcher there would train alone while the job's other nodes 
 
 from __future__ import annotations
 
-from collections import namedtuple
 from collections.abc import Mapping
 
+from mpslaunch import Record, record
 from mpslaunch.machine import Machine, slurm_seen
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings import CLUSTER, DEFAULT, DEFAULT_PORT, Layer, Settings
@@ -37,8 +37,7 @@ ONE_TASK_PER_NODE = "srun --ntasks-per-node=1 mpslaunch launch ..."
 DERIVED_PORT_FIRST, DERIVED_PORT_COUNT = 20000, 10000
 
 
-# Where this launcher stands in the SLURM step, as the plan line and --dry_run say it. A plain
-# tuple, as settings' Layer is (cheap to define at every launch):
+# Where this launcher stands in the SLURM step, as the plan line and --dry_run say it:
 #   job_id, node_rank (SLURM_NODEID), num_nodes, node (this task's node)
 #   rank             rank mode: this task's rank in the world (SLURM_PROCID); None: node mode
 #   world            rank mode: the step's tasks
@@ -48,14 +47,17 @@ DERIVED_PORT_FIRST, DERIVED_PORT_COUNT = 20000, 10000
 #                    srun's Ctrl-C), so the launcher does not forward what it gets; through srun
 #                    --pty a terminal's own signals reach the launcher alone, and with
 #                    proctrack/pgid SLURM reaches only its process group
-class Place(
-    namedtuple(
-        "Place",
-        "job_id node_rank num_nodes node rank world local_rank local_world delivers_signals",
-        defaults=(True,),
-    )
-):
-    __slots__ = ()
+@record
+class Place(Record):
+    job_id: str
+    node_rank: int
+    num_nodes: int
+    node: str
+    rank: int | None
+    world: int
+    local_rank: int
+    local_world: int
+    delivers_signals: bool = True
 
     @property
     def rank_mode(self) -> bool:
@@ -82,7 +84,13 @@ class Place(
 
 # What a cluster adds to the settings: `derived` goes under the user's layers (a default the user
 # may change), `facts` over them; `place` is None outside a cluster.
-Cluster = namedtuple("Cluster", "place derived facts")
+@record
+class Cluster(Record):
+    place: Place | None
+    derived: Layer
+    facts: Layer
+
+
 NO_CLUSTER = Cluster(None, Layer(DEFAULT, {}), Layer(CLUSTER, {}, SLURM))
 
 

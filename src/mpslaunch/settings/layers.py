@@ -13,10 +13,10 @@ each value's layer, so that every message names a value as it was given (`--num_
 
 from __future__ import annotations
 
-from collections import namedtuple
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from mpslaunch import Record, record
 from mpslaunch.output import MpslaunchError
 from mpslaunch.settings.options import BY_NAME
 from mpslaunch.settings.profile import KNOWN_KEYS, Profile
@@ -39,8 +39,7 @@ CLUSTER = "cluster"
 _NO_WORDS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
 
-# What one source says: the profile keys it sets and their values. A plain tuple (cheap to
-# define and to make on every launch):
+# What one source says: the profile keys it sets and their values.
 #   kind    DEFAULT, PROFILE, ACCELERATE, COMMAND_LINE, API or CLUSTER
 #   values  {profile key: value} for the keys it sets
 #   where   the file a profile was read from; a cluster's name (`SLURM`)
@@ -48,7 +47,13 @@ _NO_WORDS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 #           are not right: a cluster's ("SLURM's node rank {value} (SLURM_NODEID)",
 #           "SLURM_NODEID"); the command line's device set by a switch ("--cpu", "--cpu")
 #   escape  a cluster's: how to run without it (`give --no_slurm to ignore SLURM`)
-Layer = namedtuple("Layer", "kind values where words escape", defaults=("", _NO_WORDS, ""))
+@record
+class Layer(Record):
+    kind: str
+    values: Mapping[str, Any]
+    where: str = ""
+    words: Mapping[str, tuple[str, str]] = _NO_WORDS
+    escape: str = ""
 
 
 _DEFAULTS = Layer(DEFAULT, MappingProxyType({}))
