@@ -228,6 +228,11 @@ def test_marked_slow_runs_a_command():
 
 def test_starts_nothing():
     assert True
+
+
+def test_looks_up_a_library_as_a_first_import_of_torch_does():
+    import ctypes.util
+    assert ctypes.util.find_library("c")  # found by ldconfig alone
 """
 
 
@@ -244,4 +249,4 @@ def test_a_test_that_starts_a_process_and_is_not_marked_slow_fails(tmp_path):
     assert errors == {"test_runs_a_command", "test_runs_a_command_and_swallows_the_refusal",
                       "test_spawns_a_worker"}, ran.stdout[-3000:]
     assert "this test starts a process (_execute_child: ['true']) but is not marked slow" in ran.stdout
-    assert ran.stdout.strip().splitlines()[-1].startswith("2 failed, 3 passed, 3 errors"), ran.stdout[-3000:]
+    assert ran.stdout.strip().splitlines()[-1].startswith("2 failed, 4 passed, 3 errors"), ran.stdout[-3000:]
