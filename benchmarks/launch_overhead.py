@@ -11,12 +11,14 @@ like the start of any training script. The commands alternate, medians compared,
 command's peak memory; the launcher's own peak memory beside a torch child is read while that
 child runs. `--also-src DIR` measures another checkout's sources the same way, side by side;
 `--instructions` also counts each in-process case's instructions under valgrind, a figure that
-other work on the machine does not move.
+other work on the machine does not move; `--phases RUNS` times the default launch's steps (the
+imports, the parser, the plan, the check, the runner) on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -68,6 +70,43 @@ from mpslaunch.commands import main
 main(["launch", *sys.argv[3:], script])
 raise SystemExit("the launcher did not start the script")
 """ % MAC_BUILD
+
+# Where the in-process time goes on this machine's default path: the clock read at each step
+# (the harness imports subprocess first, as the floor does). argv: the script.
+PHASES = """
+import time
+import os, subprocess, sys
+marks = [("start", time.perf_counter())]
+def mark(name):
+    marks.append((name, time.perf_counter()))
+real_popen = subprocess.Popen.__init__
+def started(self, args, *rest, **named):
+    if sys.argv[1] in [str(arg) for arg in args]:
+        mark("the runner: its modules, ctypes, handlers, Popen")
+        steps = [(name, (at - before) * 1000) for (_, before), (name, at) in zip(marks, marks[1:])]
+        os.write(2, f"\\nMPSLAUNCH-PHASES {steps!r}\\n".encode())
+        os._exit(0)
+    real_popen(self, args, *rest, **named)
+subprocess.Popen.__init__ = started
+import argparse; mark("import argparse")
+from mpslaunch import commands; mark("import mpslaunch.commands")
+from mpslaunch.commands import launch; mark("launch's modules: settings, plan, machine")
+from mpslaunch.check import before_launch; mark("the check's modules")
+from mpslaunch import launcher
+def wrapped(name, function, before=None):
+    def call(*args, **named):
+        if before:
+            mark(before)
+        result = function(*args, **named)
+        mark(name)
+        return result
+    return call
+commands.build_parser = wrapped("the launch parser", commands.build_parser)
+launcher.prepare = wrapped("the plan", launcher.prepare, "parsing the command line")
+before_launch.warn = wrapped("the check, of a script seen before", before_launch.warn)
+launcher.announce = wrapped("the plan line", launcher.announce)
+commands.main(["launch", sys.argv[1]])
+"""
 
 # Keeps torch's verdict "mps works" for the described Mac, as a first launch there would.
 KEEP_MPS_VERDICT = """
@@ -251,6 +290,32 @@ def import_times(sources: dict[str, str | None], folder: Path, script: Path, run
             print(f"  {micros / 1000:6.1f}  {name}")
 
 
+def phases(sources: dict[str, str | None], folder: Path, script: Path, runs: int) -> None:
+    """The in-process time of the default launch on this machine, step by step: medians of
+    `runs` fresh Pythons, per checkout."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for label, src in sources.items():
+        env = isolated_environment(folder / f"{label}-phases", src)
+        for run in range(runs + 1):  # the first keeps the check's findings, and is not counted
+            done = subprocess.run([sys.executable, "-c", PHASES, str(script)],
+                                  capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+            marked = [line for line in done.stderr.splitlines()
+                      if line.startswith("MPSLAUNCH-PHASES ")]
+            if not marked:
+                raise SystemExit(f"the phases run failed:\n{done.stderr}")
+            for name, milliseconds in ast.literal_eval(marked[-1].split(" ", 1)[1]) if run else ():
+                found.setdefault(name, {}).setdefault(label, []).append(milliseconds)
+    print(f"\nwhere the in-process time goes, this machine, default path: ms, median of {runs}; "
+          "columns: " + ", ".join(sources))
+    totals = dict.fromkeys(sources, 0.0)
+    for name, by_label in found.items():
+        medians = {label: statistics.median(by_label.get(label, [0.0])) for label in sources}
+        for label, value in medians.items():
+            totals[label] += value
+        print(f"  {name:50}  " + "   ".join(f"{medians[label]:6.2f}" for label in sources))
+    print(f"  {'sum of the medians':50}  " + "   ".join(f"{totals[label]:6.2f}" for label in sources))
+
+
 def whole_process(sources: dict[str, str | None], folder: Path, runs: int,
                   with_accelerate: bool) -> None:
     script, sleepy, nothing = folder / "s.py", folder / "sleepy.py", folder / "pass.py"
@@ -311,6 +376,9 @@ def main() -> int:
                         help="also measure the mpslaunch in DIR (another checkout's src/), side by side")
     parser.add_argument("--importtime", type=int, default=0, metavar="RUNS",
                         help="also show the costliest imports of the default launch (-X importtime)")
+    parser.add_argument("--phases", type=int, default=0, metavar="RUNS",
+                        help="also time the default launch's steps (imports, parser, plan, check, "
+                             "start), median of RUNS")
     parser.add_argument("--only", choices=("in-process", "whole"),
                         help="run one of the two measures")
     parser.add_argument("--instructions", action="store_true",
@@ -329,6 +397,8 @@ def main() -> int:
     try:
         if options.only != "whole":
             in_process(sources, folder, folder / "pass.py", options.in_process_runs)
+            if options.phases:
+                phases(sources, folder, folder / "pass.py", options.phases)
             if options.importtime:
                 import_times(sources, folder, folder / "pass.py", options.importtime)
             if options.instructions:
