@@ -12,7 +12,7 @@ command's peak memory; the launcher's own peak memory beside a torch child is re
 child runs. `--also-src DIR` measures another checkout's sources the same way, side by side;
 `--instructions` also counts each in-process case's instructions under valgrind, a figure that
 other work on the machine does not move; `--phases RUNS` times the default launch's steps (the
-imports, the parser, the plan, the check, the runner) on this machine.
+imports, the parser where options are given, the plan, the check, the runner) on this machine.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def started(self, args, *rest, **named):
         os._exit(0)
     real_popen(self, args, *rest, **named)
 subprocess.Popen.__init__ = started
-import argparse; mark("import argparse")
-from mpslaunch import commands; mark("import mpslaunch.commands")
+from mpslaunch import commands; mark("import mpslaunch.commands (with argparse, if it needs it)")
 from mpslaunch.commands import launch; mark("launch's modules: settings, plan, machine")
 from mpslaunch.check import before_launch; mark("the check's modules")
 from mpslaunch import launcher
@@ -101,8 +100,8 @@ def wrapped(name, function, before=None):
         mark(name)
         return result
     return call
-commands.build_parser = wrapped("the launch parser", commands.build_parser)
-launcher.prepare = wrapped("the plan", launcher.prepare, "parsing the command line")
+commands.build_parser = wrapped("the launch parser (none without options)", commands.build_parser)
+launcher.prepare = wrapped("the plan", launcher.prepare, "reading the command line")
 before_launch.warn = wrapped("the check, of a script seen before", before_launch.warn)
 launcher.announce = wrapped("the plan line", launcher.announce)
 commands.main(["launch", sys.argv[1]])
@@ -294,6 +293,7 @@ def phases(sources: dict[str, str | None], folder: Path, script: Path, runs: int
     """The in-process time of the default launch on this machine, step by step: medians of
     `runs` fresh Pythons, per checkout."""
     found: dict[str, dict[str, list[float]]] = {}
+    steps: list[str] = []  # in the order of the checkout with the most steps
     for label, src in sources.items():
         env = isolated_environment(folder / f"{label}-phases", src)
         for run in range(runs + 1):  # the first keeps the check's findings, and is not counted
@@ -303,16 +303,20 @@ def phases(sources: dict[str, str | None], folder: Path, script: Path, runs: int
                       if line.startswith("MPSLAUNCH-PHASES ")]
             if not marked:
                 raise SystemExit(f"the phases run failed:\n{done.stderr}")
-            for name, milliseconds in ast.literal_eval(marked[-1].split(" ", 1)[1]) if run else ():
+            timed = ast.literal_eval(marked[-1].split(" ", 1)[1]) if run else []
+            for name, milliseconds in timed:
                 found.setdefault(name, {}).setdefault(label, []).append(milliseconds)
+            steps = max(steps, [name for name, _ in timed], key=len)
     print(f"\nwhere the in-process time goes, this machine, default path: ms, median of {runs}; "
           "columns: " + ", ".join(sources))
     totals = dict.fromkeys(sources, 0.0)
-    for name, by_label in found.items():
-        medians = {label: statistics.median(by_label.get(label, [0.0])) for label in sources}
+    for name in steps:
+        by_label = found[name]
+        medians = {label: statistics.median(by_label[label]) for label in by_label}
         for label, value in medians.items():
             totals[label] += value
-        print(f"  {name:50}  " + "   ".join(f"{medians[label]:6.2f}" for label in sources))
+        print(f"  {name:50}  " + "   ".join(
+            f"{medians[label]:6.2f}" if label in medians else f"{'-':>6}" for label in sources))
     print(f"  {'sum of the medians':50}  " + "   ".join(f"{totals[label]:6.2f}" for label in sources))
 
 

@@ -12,6 +12,7 @@ import pytest
 from helpers import one_line_error, run_cli, write_script
 from mpslaunch import commands as cli
 from mpslaunch.commands import launch
+from mpslaunch.commands.parser import _nearest
 from mpslaunch.settings.accelerate_flags import REFUSED
 
 REFUSED_SPELLINGS = [spelling for _, names in REFUSED for name in names
@@ -49,7 +50,7 @@ def test_the_nearest_option_is_never_a_refused_one():
     ours = launch_parser()._option_string_actions
     for spelling in REFUSED_SPELLINGS:
         for typo in (spelling[:-1], spelling + "s"):
-            assert cli._nearest(typo, ours) not in REFUSED_SPELLINGS, typo
+            assert _nearest(typo, ours) not in REFUSED_SPELLINGS, typo
 
 
 @pytest.mark.slow

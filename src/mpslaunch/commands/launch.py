@@ -4,7 +4,7 @@ is printed (--dry_run) or run (launcher.execute).
 
 from __future__ import annotations
 
-import argparse
+from types import SimpleNamespace
 
 from mpslaunch import launcher, output
 from mpslaunch.output import MpslaunchError
@@ -17,6 +17,12 @@ from mpslaunch.settings import (
     add_table_options,
     request_from_args,
 )
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    import argparse
+
+    Arguments = argparse.Namespace | SimpleNamespace
 
 HELP = """\
 Run a training script on the device this machine should use: mps on Apple silicon,
@@ -34,6 +40,8 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    import argparse  # only where a parser is built: see without_options
+
     groups = {
         title: parser.add_argument_group(title) for title in (PLAN, MACHINES, ACCELERATOR, OUTPUT)
     }
@@ -52,7 +60,23 @@ def explain_unknown(word: str) -> str | None:
     return refusal(word)
 
 
-def main(args: argparse.Namespace) -> int:
+def without_options(words: list[str]) -> SimpleNamespace | None:
+    """The command line `launch SCRIPT [ARGS...]`, with no launch option before the script, as
+    the parser reads it: every option at its default, the script, and all that follows for the
+    script (tests/commands/test_without_options.py holds the two together). None when the first
+    word is an option (or `-m`, or none is given), and where a `--` comes, whose handling
+    argparse changes between Python releases: the parser reads those."""
+    if not words or words[0].startswith("-") or "--" in words:
+        return None
+    defaults = {
+        option.name: option.request_default for option in OPTIONS if option.flag is not None
+    }
+    return SimpleNamespace(
+        command="launch", handler=main, script=words[0], script_args=words[1:], **defaults
+    )
+
+
+def main(args: Arguments) -> int:
     if args.script is None:
         raise MpslaunchError(
             "no script given: run `mpslaunch launch [options] script.py [script "
@@ -77,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
 USAGE_ERROR = 2  # argparse's (and click's) exit code for arguments a script does not take
 
 
-def _note_options_after_the_script(args: argparse.Namespace) -> None:
+def _note_options_after_the_script(args: Arguments) -> None:
     """The torchrun habit reversed: launch's options written after the script are the script's."""
     from mpslaunch.settings import spellings
 

@@ -6,10 +6,13 @@ Options take Accelerate's spelling (--num_processes) and, silently, the dash for
 
 from __future__ import annotations
 
-import argparse
-
 from mpslaunch.settings.options import BY_NAME, REQUEST_OPTIONS, Option
 from mpslaunch.settings.request import LaunchRequest
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing on every launch
+if TYPE_CHECKING:
+    import argparse
+    from types import SimpleNamespace
 
 
 def spellings(name: str) -> list[str]:
@@ -74,6 +77,8 @@ def _parser_of(option: Option, spelling: str):
     """argparse's type= for the option: its own words for a word that is no number ("invalid
     int value"), the table's words for a value the table refuses."""
 
+    import argparse  # only where a parser is built
+
     def parse(text: str) -> object:
         try:
             return option.parse(text)
@@ -86,7 +91,9 @@ def _parser_of(option: Option, spelling: str):
     return parse
 
 
-def request_from_args(args: argparse.Namespace, target: str, target_args=()) -> LaunchRequest:
+def request_from_args(
+    args: argparse.Namespace | SimpleNamespace, target: str, target_args=()
+) -> LaunchRequest:
     """The request the parsed flags stand for."""
     return LaunchRequest(
         target,
