@@ -94,7 +94,7 @@ def _wording(problem: argparse.ArgumentError) -> str:
 def _before(words: list[str] | None, problem: argparse.ArgumentError) -> list[str]:
     """The words before the option argparse stopped at, found by its name (`--name`,
     `--name=value`): options and their values only, never the script or its arguments. None
-    when it is not found so (a positional, `-t3`)."""
+    of them when it is not found so (a positional, `-t3`)."""
     names = (problem.argument_name or "").split("/")
     named = [at for at, word in enumerate(words or ()) if word.split("=", 1)[0] in names]
     return words[: named[0]] if words and named and names[0].startswith("-") else []

@@ -195,8 +195,10 @@ REFUSED = (
 def refusal(word: str) -> str | None:
     """The one-line refusal of `word` (`--name`, `--name=value`, or its dash spelling) when it is
     an Accelerate launch option listed here, else None."""
+    from mpslaunch.settings.flags import spellings  # imported by the launch parser already
+
     typed = word.split("=", 1)[0]
     for why, names in REFUSED:
-        if any(typed in (name, name.replace("_", "-")) for name in names):
+        if any(typed in spellings(name) for name in names):
             return f"{typed} is an accelerate launch option mpslaunch does not take: {why}"
     return None
